@@ -1,0 +1,44 @@
+# One Makefile whose targets CI calls too. Every target installs what it needs first,
+# so `make test` or `make demo` works as the first command on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install test lint format bench bench-quick demo run soak clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	rm -f .coverage .coverage.*
+	$(BIN)/coverage run -m pytest $(PYTEST_ARGS)
+	$(BIN)/coverage combine --quiet
+	$(BIN)/coverage report
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix src tests bench examples
+	$(BIN)/ruff format src tests bench examples
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m bench --quick
+
+demo: $(STAMP)
+	$(BIN)/forgezero-lifecycle demo
+
+clean:
+	rm -rf $(VENV) .coverage .coverage.* .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,287 @@
+"""One exception tree for the whole library; every error carries a stable ``code``.
+
+The codes are the seed's wire strings (``RUNTIME_*``) plus the library's own (``QUEUE_*``,
+``JOB_*``, ``SCHEDULE_*``). Bad input subclasses :class:`ValueError`, a call in the wrong state
+subclasses :class:`RuntimeError`, an unknown name subclasses :class:`LookupError`::
+
+    LifecycleError                      .code, .detail
+    ├── ConfigurationError (ValueError)       RUNTIME_CONFIG_INVALID
+    ├── DrainError
+    │   ├── DrainRequestInvalid (ValueError)      RUNTIME_DRAIN_REQUEST_INVALID
+    │   ├── DrainConflict (RuntimeError)          RUNTIME_DRAIN_ALREADY_STARTED | _REVISION_MISMATCH
+    │   ├── DrainNotFound (LookupError)           RUNTIME_DRAIN_NOT_FOUND
+    │   ├── DrainCountersInvalid (ValueError)     RUNTIME_DRAIN_COUNTERS_INVALID
+    │   └── DrainFailed (RuntimeError)            RUNTIME_DRAIN_TIMEOUT | _NOT_IDLE | _FAILED
+    ├── StateError
+    │   ├── StateInputInvalid (ValueError)        RUNTIME_STATE_REQUEST_INVALID | _SOURCE_INVALID
+    │   │                                         | _REVISION_INVALID | _VALUE_INVALID | _ADAPTER_INVALID
+    │   ├── StateConflict (RuntimeError)          RUNTIME_STATE_ALREADY_STARTED | _NOT_DRAINING
+    │   ├── StateNotFound (LookupError)           RUNTIME_STATE_NOT_FOUND
+    │   ├── StateExportError (ValueError)         RUNTIME_STATE_EXPORT_INVALID | _EXPORT_TOO_LARGE
+    │   └── StateTransferFailed (RuntimeError)    RUNTIME_STATE_SOURCE_HTTP_<status> | _SOURCE_TOO_LARGE
+    │                                             | _SOURCE_UNREACHABLE | _TIMEOUT | _ENVELOPE_INVALID
+    │                                             | _ENVELOPE_TOO_LARGE | _DIGEST_MISMATCH | _FAILED
+    ├── ControlError                    (control-plane HTTP errors, mapped to 4xx by the control app)
+    │   ├── Unauthorized                          RUNTIME_UNAUTHORIZED
+    │   ├── BodyTooLarge (ValueError)             RUNTIME_BODY_TOO_LARGE
+    │   ├── ContentTypeInvalid (ValueError)       RUNTIME_CONTENT_TYPE
+    │   ├── ControlUnreachable (ConnectionError)  RUNTIME_UNREACHABLE (client side only)
+    │   └── RemoteError                           any code this client does not know
+    ├── QueueError (RuntimeError)
+    │   ├── QueueStoppedError                     QUEUE_STOPPED
+    │   ├── QueueIntakePausedError                QUEUE_INTAKE_PAUSED
+    │   ├── QueueKeyStoppedError                  QUEUE_KEY_STOPPED   (.key)
+    │   └── TaskCancelledError                    QUEUE_TASK_CANCELLED
+    ├── ScheduleError
+    │   ├── ScheduleInvalid (ValueError)          SCHEDULE_INVALID
+    │   └── ScheduleNotFound (LookupError)        SCHEDULE_NOT_FOUND
+    └── JobError
+        ├── IdempotencyConflict (ValueError)      JOB_IDEMPOTENCY_CONFLICT
+        ├── LeaseLostError (RuntimeError)         JOB_LEASE_LOST
+        ├── JobHandlerUnknown (LookupError)       JOB_HANDLER_UNKNOWN
+        └── JobStoreError (RuntimeError)          JOB_STORE_UNAVAILABLE | JOB_STORE_SCHEMA
+
+Messages never contain a token or a handoff value.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "BodyTooLarge",
+    "ConfigurationError",
+    "ContentTypeInvalid",
+    "ControlError",
+    "ControlUnreachable",
+    "DrainConflict",
+    "DrainCountersInvalid",
+    "DrainError",
+    "DrainFailed",
+    "DrainNotFound",
+    "DrainRequestInvalid",
+    "IdempotencyConflict",
+    "JobError",
+    "JobHandlerUnknown",
+    "JobStoreError",
+    "LeaseLostError",
+    "LifecycleError",
+    "QueueError",
+    "QueueIntakePausedError",
+    "QueueKeyStoppedError",
+    "QueueStoppedError",
+    "RemoteError",
+    "ScheduleError",
+    "ScheduleInvalid",
+    "ScheduleNotFound",
+    "StateConflict",
+    "StateError",
+    "StateExportError",
+    "StateInputInvalid",
+    "StateNotFound",
+    "StateTransferFailed",
+    "TaskCancelledError",
+    "Unauthorized",
+    "error_for_code",
+]
+
+
+class LifecycleError(Exception):
+    """Base of every error the library raises on purpose.
+
+    ``code`` is stable and safe to show to a client; ``detail`` is an optional human sentence
+    saying what happened and what to do (never a secret).
+    """
+
+    code: str
+    #: The codes an error class may carry; the first one is its default.
+    codes: ClassVar[tuple[str, ...]] = ("RUNTIME_FAILED",)
+    #: Codes accepted by prefix (``RUNTIME_STATE_SOURCE_HTTP_404``).
+    code_prefixes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, code: str | None = None, detail: str | None = None) -> None:
+        code = self.codes[0] if code is None else code
+        if code not in self.codes and not (self.code_prefixes and code.startswith(self.code_prefixes)):
+            raise TypeError(f"{type(self).__name__} cannot carry code {code!r}")
+        self.code = code
+        self.detail = detail
+        super().__init__(code if detail is None else f"{code}: {detail}")
+
+
+class ConfigurationError(LifecycleError, ValueError):
+    codes = ("RUNTIME_CONFIG_INVALID",)
+
+
+class DrainError(LifecycleError):
+    """Errors of the drain protocol."""
+
+
+class DrainRequestInvalid(DrainError, ValueError):
+    codes = ("RUNTIME_DRAIN_REQUEST_INVALID",)
+
+
+class DrainConflict(DrainError, RuntimeError):
+    codes = ("RUNTIME_DRAIN_ALREADY_STARTED", "RUNTIME_DRAIN_REVISION_MISMATCH")
+
+
+class DrainNotFound(DrainError, LookupError):
+    codes = ("RUNTIME_DRAIN_NOT_FOUND",)
+
+
+class DrainCountersInvalid(DrainError, ValueError):
+    codes = ("RUNTIME_DRAIN_COUNTERS_INVALID",)
+
+
+class DrainFailed(DrainError, RuntimeError):
+    codes = ("RUNTIME_DRAIN_FAILED", "RUNTIME_DRAIN_TIMEOUT", "RUNTIME_DRAIN_NOT_IDLE")
+
+
+class StateError(LifecycleError):
+    """Errors of the typed state handoff."""
+
+
+class StateInputInvalid(StateError, ValueError):
+    codes = (
+        "RUNTIME_STATE_REQUEST_INVALID",
+        "RUNTIME_STATE_SOURCE_INVALID",
+        "RUNTIME_STATE_REVISION_INVALID",
+        "RUNTIME_STATE_VALUE_INVALID",
+        "RUNTIME_STATE_ADAPTER_INVALID",
+    )
+
+
+class StateConflict(StateError, RuntimeError):
+    codes = ("RUNTIME_STATE_ALREADY_STARTED", "RUNTIME_STATE_NOT_DRAINING")
+
+
+class StateNotFound(StateError, LookupError):
+    codes = ("RUNTIME_STATE_NOT_FOUND",)
+
+
+class StateExportError(StateError, ValueError):
+    codes = ("RUNTIME_STATE_EXPORT_INVALID", "RUNTIME_STATE_EXPORT_TOO_LARGE")
+
+
+class StateTransferFailed(StateError, RuntimeError):
+    codes = (
+        "RUNTIME_STATE_FAILED",
+        "RUNTIME_STATE_SOURCE_TOO_LARGE",
+        "RUNTIME_STATE_SOURCE_UNREACHABLE",
+        "RUNTIME_STATE_TIMEOUT",
+        "RUNTIME_STATE_ENVELOPE_INVALID",
+        "RUNTIME_STATE_ENVELOPE_TOO_LARGE",
+        "RUNTIME_STATE_DIGEST_MISMATCH",
+    )
+    code_prefixes = ("RUNTIME_STATE_SOURCE_HTTP_",)
+
+
+class ControlError(LifecycleError):
+    """Errors of the control plane's HTTP surface."""
+
+
+class Unauthorized(ControlError):
+    codes = ("RUNTIME_UNAUTHORIZED",)
+
+
+class BodyTooLarge(ControlError, ValueError):
+    codes = ("RUNTIME_BODY_TOO_LARGE",)
+
+
+class ContentTypeInvalid(ControlError, ValueError):
+    codes = ("RUNTIME_CONTENT_TYPE",)
+
+
+class ControlUnreachable(ControlError, ConnectionError):
+    codes = ("RUNTIME_UNREACHABLE",)
+
+
+class RemoteError(ControlError):
+    """A server answered with a code this client does not know (a newer server)."""
+
+    codes = ("RUNTIME_FAILED",)
+    code_prefixes = ("",)
+
+
+class QueueError(LifecycleError, RuntimeError):
+    """Refusals and cancellations of the keyed work queue."""
+
+
+class QueueStoppedError(QueueError):
+    codes = ("QUEUE_STOPPED",)
+
+    def __init__(self) -> None:
+        super().__init__(detail="the queue is stopped and accepts no new work")
+
+
+class QueueIntakePausedError(QueueError):
+    codes = ("QUEUE_INTAKE_PAUSED",)
+
+    def __init__(self) -> None:
+        super().__init__(detail="intake is paused for a runtime handoff; submit to the new generation")
+
+
+class QueueKeyStoppedError(QueueError):
+    codes = ("QUEUE_KEY_STOPPED",)
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(detail=f"key {key!r} is stopped and accepts no new work")
+
+
+class TaskCancelledError(QueueError):
+    codes = ("QUEUE_TASK_CANCELLED",)
+
+    def __init__(self, detail: str = "the task was cancelled before it ran") -> None:
+        super().__init__(detail=detail)
+
+
+class ScheduleError(LifecycleError):
+    """Errors of the scheduler."""
+
+
+class ScheduleInvalid(ScheduleError, ValueError):
+    codes = ("SCHEDULE_INVALID",)
+
+
+class ScheduleNotFound(ScheduleError, LookupError):
+    codes = ("SCHEDULE_NOT_FOUND",)
+
+
+class JobError(LifecycleError):
+    """Errors of durable fenced jobs."""
+
+
+class IdempotencyConflict(JobError, ValueError):
+    codes = ("JOB_IDEMPOTENCY_CONFLICT",)
+
+
+class LeaseLostError(JobError, RuntimeError):
+    codes = ("JOB_LEASE_LOST",)
+
+
+class JobHandlerUnknown(JobError, LookupError):
+    codes = ("JOB_HANDLER_UNKNOWN",)
+
+
+class JobStoreError(JobError, RuntimeError):
+    codes = ("JOB_STORE_UNAVAILABLE", "JOB_STORE_SCHEMA")
+
+
+_BY_CODE: dict[str, type[LifecycleError]] = {}
+for _cls in LifecycleError.__subclasses__():
+    _stack: list[type[LifecycleError]] = [_cls]
+    while _stack:
+        _c = _stack.pop()
+        _stack.extend(_c.__subclasses__())
+        if "codes" in _c.__dict__ and _c.__init__ is LifecycleError.__init__:
+            _BY_CODE.update(dict.fromkeys(_c.codes, _c))
+
+
+def error_for_code(code: str, detail: str | None = None) -> LifecycleError:
+    """Rebuild the typed error for a wire ``code`` (used by the client on error bodies)."""
+    cls = _BY_CODE.get(code)
+    if cls is None and code.startswith("RUNTIME_STATE_SOURCE_HTTP_"):
+        cls = StateTransferFailed
+    if cls is None:
+        cls = RemoteError
+    return cls(code, detail)

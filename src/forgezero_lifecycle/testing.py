@@ -1,0 +1,58 @@
+"""Public test kit: a manual clock and helpers for testing code that uses the library."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from typing import final
+
+__all__ = ["ManualClock", "settle"]
+
+
+@final
+class ManualClock:
+    """A :class:`~forgezero_lifecycle._clock.Clock` that moves only when told to.
+
+    ``await clock.sleep(s)`` parks until :meth:`advance` moves time past the wake-up point;
+    :meth:`advance` wakes sleepers in time order and lets each run before moving on.
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = start
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    def monotonic(self) -> float:
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self._now + seconds, next(self._order), future))
+        await future
+
+    @property
+    def sleepers(self) -> int:
+        """How many sleeps are waiting (cancelled ones excluded)."""
+        return sum(1 for _, _, f in self._sleepers if not f.done())
+
+    async def advance(self, seconds: float) -> None:
+        """Move time forward by ``seconds``, waking every sleeper that falls due on the way."""
+        target = self._now + seconds
+        while self._sleepers and self._sleepers[0][0] <= target:
+            due, _, future = heapq.heappop(self._sleepers)
+            self._now = max(self._now, due)
+            if not future.done():
+                future.set_result(None)
+            await settle()
+        self._now = target
+        await settle()
+
+
+async def settle(rounds: int = 20) -> None:
+    """Let every ready task run until the loop is quiet (a bounded number of passes)."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)

@@ -1,0 +1,86 @@
+"""Field types shared by every wire model: the seed's validation, made strict.
+
+The seed validates with JavaScript ``RegExp.test`` and ``Number.isSafeInteger``. The port keeps
+the same patterns and ranges but refuses values of the wrong JSON type (port rule D1): a nonce
+wrapped in an array, ``true`` for a number, ``"100"`` for a number. Integral floats (``100.0``,
+``1e2``) are integers, as in JavaScript. Patterns match the whole string (``re.fullmatch``), since
+Python's ``$`` also matches before a final newline.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, StrictStr
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "MAX_SAFE_INTEGER",
+    "NONCE_PATTERN",
+    "REVISION_PATTERN",
+    "WIRE_CONFIG",
+    "Nonce",
+    "Revision",
+    "SafeInt",
+    "is_nonce",
+    "is_revision",
+    "matching",
+    "safe_int",
+]
+
+MAX_SAFE_INTEGER = 2**53 - 1
+
+NONCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{43}")
+REVISION_PATTERN = re.compile(r"[a-f0-9]{40}")
+
+#: Every wire model: camelCase on the wire, snake_case in Python, immutable, unknown fields
+#: ignored and never echoed (port rule D2).
+WIRE_CONFIG = ConfigDict(
+    alias_generator=to_camel,
+    validate_by_name=True,
+    validate_by_alias=True,
+    serialize_by_alias=True,
+    frozen=True,
+    extra="ignore",
+)
+
+
+def safe_int(value: Any) -> int:
+    """Return ``value`` as an int when it is a JavaScript safe integer, else raise ValueError.
+
+    Booleans and strings are refused; integral floats are accepted.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("expected a JSON number")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("expected an integer")
+        value = int(value)
+    if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+        raise ValueError("expected a safe integer")
+    return value
+
+
+def matching(pattern: re.Pattern[str]) -> AfterValidator:
+    """A validator that requires the whole string to match ``pattern``."""
+
+    def check(value: str) -> str:
+        if pattern.fullmatch(value) is None:
+            raise ValueError(f"does not match {pattern.pattern}")
+        return value
+
+    return AfterValidator(check)
+
+
+def is_nonce(value: object) -> bool:
+    return isinstance(value, str) and NONCE_PATTERN.fullmatch(value) is not None
+
+
+def is_revision(value: object) -> bool:
+    return isinstance(value, str) and REVISION_PATTERN.fullmatch(value) is not None
+
+
+SafeInt = Annotated[int, BeforeValidator(safe_int)]
+Nonce = Annotated[StrictStr, matching(NONCE_PATTERN)]
+Revision = Annotated[StrictStr, matching(REVISION_PATTERN)]

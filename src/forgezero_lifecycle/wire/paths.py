@@ -1,0 +1,31 @@
+"""The control plane's paths: the seed's strings, and the port's additions beside them."""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "CONTROL_PREFIX",
+    "RUNTIME_DRAIN_BEGIN_PATH",
+    "RUNTIME_DRAIN_ROLLBACK_PATH",
+    "RUNTIME_DRAIN_STATUS_PATH",
+    "RUNTIME_LIVE_PATH",
+    "RUNTIME_READY_PATH",
+    "RUNTIME_SCHEDULES_STATUS_PATH",
+    "RUNTIME_STATE_BEGIN_PATH",
+    "RUNTIME_STATE_EXPORT_PATH",
+    "RUNTIME_STATE_STATUS_PATH",
+]
+
+#: Every control path starts here; the middleware neither counts nor refuses these.
+CONTROL_PREFIX: Final = "/.forgezero/runtime/"
+
+RUNTIME_DRAIN_BEGIN_PATH: Final = "/.forgezero/runtime/drain/v1/begin"
+RUNTIME_DRAIN_STATUS_PATH: Final = "/.forgezero/runtime/drain/v1/status"
+RUNTIME_DRAIN_ROLLBACK_PATH: Final = "/.forgezero/runtime/drain/v1/rollback"
+RUNTIME_STATE_EXPORT_PATH: Final = "/.forgezero/runtime/state/v1/export"
+RUNTIME_STATE_BEGIN_PATH: Final = "/.forgezero/runtime/state/v1/begin"
+RUNTIME_STATE_STATUS_PATH: Final = "/.forgezero/runtime/state/v1/status"
+RUNTIME_SCHEDULES_STATUS_PATH: Final = "/.forgezero/runtime/schedules/v1/status"
+RUNTIME_READY_PATH: Final = "/.forgezero/runtime/ready"
+RUNTIME_LIVE_PATH: Final = "/.forgezero/runtime/live"
