@@ -25,6 +25,8 @@ subclasses :class:`RuntimeError`, an unknown name subclasses :class:`LookupError
     │   ├── Unauthorized                          RUNTIME_UNAUTHORIZED
     │   ├── BodyTooLarge (ValueError)             RUNTIME_BODY_TOO_LARGE
     │   ├── ContentTypeInvalid (ValueError)       RUNTIME_CONTENT_TYPE
+    │   ├── ControlPathNotFound (LookupError)     RUNTIME_NOT_FOUND
+    │   ├── MethodNotAllowed                      RUNTIME_METHOD_NOT_ALLOWED (.allow)
     │   ├── ControlUnreachable (ConnectionError)  RUNTIME_UNREACHABLE (client side only)
     │   └── RemoteError                           any code this client does not know
     ├── QueueError (RuntimeError)
@@ -53,6 +55,7 @@ __all__ = [
     "ConfigurationError",
     "ContentTypeInvalid",
     "ControlError",
+    "ControlPathNotFound",
     "ControlUnreachable",
     "DrainConflict",
     "DrainCountersInvalid",
@@ -66,6 +69,7 @@ __all__ = [
     "JobStoreError",
     "LeaseLostError",
     "LifecycleError",
+    "MethodNotAllowed",
     "QueueError",
     "QueueIntakePausedError",
     "QueueKeyStoppedError",
@@ -101,7 +105,9 @@ class LifecycleError(Exception):
 
     def __init__(self, code: str | None = None, detail: str | None = None) -> None:
         code = self.codes[0] if code is None else code
-        if code not in self.codes and not (self.code_prefixes and code.startswith(self.code_prefixes)):
+        if code not in self.codes and not (
+            self.code_prefixes and code.startswith(self.code_prefixes)
+        ):
             raise TypeError(f"{type(self).__name__} cannot carry code {code!r}")
         self.code = code
         self.detail = detail
@@ -191,6 +197,18 @@ class ContentTypeInvalid(ControlError, ValueError):
     codes = ("RUNTIME_CONTENT_TYPE",)
 
 
+class ControlPathNotFound(ControlError, LookupError):
+    codes = ("RUNTIME_NOT_FOUND",)
+
+
+class MethodNotAllowed(ControlError):
+    codes = ("RUNTIME_METHOD_NOT_ALLOWED",)
+
+    def __init__(self, allow: str) -> None:
+        self.allow = allow
+        super().__init__(detail=f"use {allow}")
+
+
 class ControlUnreachable(ControlError, ConnectionError):
     codes = ("RUNTIME_UNREACHABLE",)
 
@@ -217,7 +235,9 @@ class QueueIntakePausedError(QueueError):
     codes = ("QUEUE_INTAKE_PAUSED",)
 
     def __init__(self) -> None:
-        super().__init__(detail="intake is paused for a runtime handoff; submit to the new generation")
+        super().__init__(
+            detail="intake is paused for a runtime handoff; submit to the new generation"
+        )
 
 
 class QueueKeyStoppedError(QueueError):

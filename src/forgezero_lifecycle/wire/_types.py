@@ -59,7 +59,7 @@ def safe_int(value: Any) -> int:
         value = int(value)
     if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
         raise ValueError("expected a safe integer")
-    return value
+    return int(value)
 
 
 def matching(pattern: re.Pattern[str]) -> AfterValidator:

@@ -1,0 +1,216 @@
+"""The drain state machine: the seed's ``RuntimeDrainController`` plus rollback.
+
+::
+
+    serving ──begin──▶ draining ──work done & every counter 0──▶ drained
+       ▲                  │  └──deadline / dependency error / not idle──▶ failed
+       └────rollback──────┴───────────────────────────────────────────┘
+
+``begin()`` never blocks: it validates, records the request, calls ``drain_requests()`` (which
+closes every kind of intake in one synchronous step), starts ``wait_for_requests()`` and
+``stop_jobs(timeout_ms)``, and races them against ``sleep(timeout_ms)`` in a task the controller
+owns. One controller serves one process: a second nonce cannot replace a running drain, while an
+exact retry is acknowledged as a duplicate.
+
+The controller imports nothing it controls; everything arrives through :class:`DrainDependencies`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Mapping
+from typing import Final, Protocol, final
+
+from .._errors import DrainConflict, DrainFailed, DrainNotFound, LifecycleError
+from ..wire._types import is_nonce
+from ..wire.drain import (
+    DrainAccepted,
+    DrainRequest,
+    DrainState,
+    DrainStatus,
+    WorkCounters,
+    parse_drain_request,
+    validate_counters,
+)
+
+__all__ = ["DrainController", "DrainDependencies"]
+
+logger = logging.getLogger("forgezero_lifecycle.drain")
+
+MAX_FAILURE_CODE_POINTS: Final = 128
+
+
+class DrainDependencies(Protocol):
+    """What the controller drives (the seed's ``RuntimeDrainDependencies`` plus ``resume``)."""
+
+    def drain_requests(self) -> None:
+        """Atomically refuse all new HTTP, WebSocket, job and schedule intake."""
+
+    def wait_for_requests(self) -> Awaitable[None]:
+        """Complete once all already-admitted HTTP and WebSocket work is closed."""
+
+    def stop_jobs(self, timeout_ms: int) -> Awaitable[None]:
+        """Stop schedule intake and wait for (or release) already-leased durable jobs."""
+
+    def work_counters(self) -> WorkCounters | Mapping[str, object]:
+        """A live, non-secret snapshot; every counter must reach zero before drained."""
+
+    def sleep(self, ms: int) -> Awaitable[None]:
+        """A monotonic wait, injectable so tests drive the deadline."""
+
+    def resume(self) -> None:
+        """Reopen every kind of intake (rollback)."""
+
+
+@final
+class DrainController:
+    """One drain per process, observable through :meth:`status`, reversible by :meth:`rollback`."""
+
+    def __init__(self, dependencies: DrainDependencies, *, revision: str | None = None) -> None:
+        self._deps = dependencies
+        self._revision = revision
+        self._request: DrainRequest | None = None
+        self._state: DrainState = "draining"
+        self._failure: str | None = None
+        self._retired_nonces: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._settled = asyncio.Event()
+
+    @property
+    def active(self) -> bool:
+        """True while a drain holds intake closed (draining, drained or failed)."""
+        return self._request is not None and self._state != "rolled-back"
+
+    def begin(self, request: object) -> DrainAccepted:
+        """Start draining, or acknowledge an exact retry of the running drain."""
+        parsed = parse_drain_request(request)
+        if self._revision is not None and parsed.source_revision != self._revision:
+            raise DrainConflict(
+                "RUNTIME_DRAIN_REVISION_MISMATCH",
+                detail="sourceRevision is not the revision this generation runs",
+            )
+        if self.active:
+            assert self._request is not None
+            if not self._request.same_drain(parsed):
+                raise DrainConflict(
+                    "RUNTIME_DRAIN_ALREADY_STARTED",
+                    detail="a drain with another nonce is running; poll it or roll it back",
+                )
+            return DrainAccepted(duplicate=True)
+        if parsed.nonce in self._retired_nonces:
+            raise DrainConflict(
+                "RUNTIME_DRAIN_ALREADY_STARTED",
+                detail="this nonce was rolled back; begin again with a fresh nonce",
+            )
+        self._request = parsed
+        self._state = "draining"
+        self._failure = None
+        self._settled = asyncio.Event()
+        logger.info("drain.begin nonce=%s timeout_ms=%d", parsed.nonce[:8], parsed.timeout_ms)
+        self._start(parsed.timeout_ms)
+        return DrainAccepted(duplicate=False)
+
+    def status(self, nonce: object) -> DrainStatus:
+        """The drain's progress; unknown or malformed nonces are not found."""
+        request = self._find(nonce)
+        return DrainStatus(
+            **request.model_dump(),
+            status=self._state,
+            in_flight=validate_counters(self._deps.work_counters()),
+            failure=self._failure,
+        )
+
+    def rollback(self, nonce: object) -> DrainStatus:
+        """Return a draining, drained or failed generation to serving."""
+        request = self._find(nonce)
+        if self._state != "rolled-back":
+            if self._task is not None and not self._task.done():
+                self._task.cancel()
+            self._deps.resume()
+            self._state = "rolled-back"
+            self._failure = None
+            self._retired_nonces.add(request.nonce)
+            self._settled.set()
+            logger.info("drain.rollback nonce=%s", request.nonce[:8])
+        return self.status(request.nonce)
+
+    async def wait(self) -> DrainState:
+        """Wait until the current drain leaves ``draining``; returns the state it reached."""
+        await self._settled.wait()
+        return self._state
+
+    def _find(self, nonce: object) -> DrainRequest:
+        if self._request is None or not is_nonce(nonce) or nonce != self._request.nonce:
+            raise DrainNotFound(detail="no drain with this nonce")
+        return self._request
+
+    def _start(self, timeout_ms: int) -> None:
+        # The dependencies are called here, synchronously and in the seed's order, so that the
+        # intake is closed when begin() returns; a dependency that throws fails the drain (D3)
+        # and no later dependency is called.
+        started: list[Awaitable[None]] = []
+        try:
+            self._deps.drain_requests()
+            started.append(self._deps.wait_for_requests())
+            started.append(self._deps.stop_jobs(timeout_ms))
+        except Exception:
+            logger.exception("drain.dependency_failed")
+            for awaitable in started:
+                _discard(awaitable)
+            self._finish("failed", "RUNTIME_DRAIN_FAILED")
+            return
+        work = asyncio.ensure_future(_all(started))
+        deadline = asyncio.ensure_future(self._deps.sleep(timeout_ms))
+        self._task = asyncio.create_task(self._race(work, deadline))
+
+    async def _race(self, work: asyncio.Future[None], deadline: asyncio.Future[None]) -> None:
+        try:
+            done, _ = await asyncio.wait({work, deadline}, return_when=asyncio.FIRST_COMPLETED)
+            if work in done:
+                if work.exception() is not None:
+                    raise DrainFailed("RUNTIME_DRAIN_FAILED") from work.exception()
+                counters = validate_counters(self._deps.work_counters())
+                if not counters.idle:
+                    raise DrainFailed("RUNTIME_DRAIN_NOT_IDLE")
+                self._finish("drained", None)
+            else:
+                deadline.result()
+                raise DrainFailed("RUNTIME_DRAIN_TIMEOUT")
+        except asyncio.CancelledError:
+            raise
+        except Exception as cause:
+            self._finish("failed", _failure_text(cause))
+        finally:
+            for future in (work, deadline):
+                if not future.done():
+                    future.cancel()
+                elif not future.cancelled():
+                    future.exception()  # mark retrieved
+
+    def _finish(self, state: DrainState, failure: str | None) -> None:
+        self._state = state
+        self._failure = failure
+        self._settled.set()
+        if state == "drained":
+            logger.info("drain.drained")
+        else:
+            logger.warning("drain.failed failure=%s", failure)
+
+
+async def _all(awaitables: list[Awaitable[None]]) -> None:
+    await asyncio.gather(*awaitables)
+
+
+def _discard(awaitable: Awaitable[None]) -> None:
+    close = getattr(awaitable, "close", None)
+    if callable(close):
+        close()  # an un-awaited coroutine: close it so it does not warn
+
+
+def _failure_text(cause: BaseException) -> str:
+    """The seed's failure text: a code, or the message of a clock/counter error (≤ 128)."""
+    if isinstance(cause, LifecycleError):
+        return cause.code
+    message = cause.args[0] if cause.args and isinstance(cause.args[0], str) else ""
+    return message[:MAX_FAILURE_CODE_POINTS] or "RUNTIME_DRAIN_FAILED"

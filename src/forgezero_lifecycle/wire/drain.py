@@ -1,0 +1,140 @@
+"""Messages of the drain protocol (``forgezero-drain/v1``): the seed's ``lifecycle.d.ts``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from .._errors import DrainCountersInvalid, DrainRequestInvalid
+from ._types import WIRE_CONFIG, Nonce, Revision, SafeInt, safe_int
+
+__all__ = [
+    "DRAIN_PROTOCOL",
+    "MAX_DRAIN_TIMEOUT_MS",
+    "MIN_DRAIN_TIMEOUT_MS",
+    "DrainAccepted",
+    "DrainRequest",
+    "DrainState",
+    "DrainStatus",
+    "RollbackRequest",
+    "WorkCounters",
+    "parse_drain_request",
+    "parse_rollback_request",
+    "validate_counters",
+]
+
+DRAIN_PROTOCOL: Final = "forgezero-drain/v1"
+MIN_DRAIN_TIMEOUT_MS: Final = 100
+MAX_DRAIN_TIMEOUT_MS: Final = 600_000
+
+DrainState = Literal["draining", "drained", "failed", "rolled-back"]
+
+
+class DrainRequest(BaseModel):
+    """``POST /.forgezero/runtime/drain/v1/begin``."""
+
+    model_config = WIRE_CONFIG
+
+    protocol: Literal["forgezero-drain/v1"]
+    nonce: Nonce
+    source_revision: Revision
+    target_revision: Revision
+    timeout_ms: Annotated[SafeInt, Field(ge=MIN_DRAIN_TIMEOUT_MS, le=MAX_DRAIN_TIMEOUT_MS)]
+
+    def same_drain(self, other: DrainRequest) -> bool:
+        """An exact retry: nonce and both revisions (``timeoutMs`` is not compared, as in JS)."""
+        return (
+            self.nonce == other.nonce
+            and self.source_revision == other.source_revision
+            and self.target_revision == other.target_revision
+        )
+
+
+class WorkCounters(BaseModel):
+    """Admitted, unfinished work per kind. Every counter is 0 before a drain reports drained."""
+
+    model_config = WIRE_CONFIG
+
+    http: int = 0
+    websocket: int = 0
+    jobs: int = 0
+    schedules: int = 0
+
+    @property
+    def idle(self) -> bool:
+        return self.http == 0 and self.websocket == 0 and self.jobs == 0 and self.schedules == 0
+
+
+class DrainStatus(DrainRequest):
+    """``GET /.forgezero/runtime/drain/v1/status``: the request's own fields plus progress."""
+
+    status: DrainState
+    in_flight: WorkCounters
+    failure: str | None = None
+
+
+class DrainAccepted(BaseModel):
+    """The answer to ``begin``: ``duplicate`` is true for an exact retry of the running drain."""
+
+    model_config = WIRE_CONFIG
+
+    accepted: Literal[True] = True
+    duplicate: bool
+
+
+class RollbackRequest(BaseModel):
+    """``POST /.forgezero/runtime/drain/v1/rollback``."""
+
+    model_config = WIRE_CONFIG
+
+    nonce: Nonce
+
+
+def parse_drain_request(data: object) -> DrainRequest:
+    """Validate a decoded JSON value; anything but a valid request object is invalid."""
+    if isinstance(data, DrainRequest):
+        return data
+    if not isinstance(data, Mapping):
+        raise DrainRequestInvalid(detail="the drain request must be a JSON object")
+    try:
+        return DrainRequest.model_validate(data, by_alias=True, by_name=False)
+    except ValidationError as error:
+        raise DrainRequestInvalid(detail=_first_problem(error)) from None
+
+
+def parse_rollback_request(data: object) -> RollbackRequest:
+    if not isinstance(data, Mapping):
+        raise DrainRequestInvalid(detail="the rollback request must be a JSON object")
+    try:
+        return RollbackRequest.model_validate(data)
+    except ValidationError as error:
+        raise DrainRequestInvalid(detail=_first_problem(error)) from None
+
+
+_COUNTER_KINDS: Final = ("http", "websocket", "jobs", "schedules")
+
+
+def validate_counters(value: Any) -> WorkCounters:
+    """Check a dependency's counters: each kind present as a safe integer ≥ 0; extras dropped."""
+    if isinstance(value, WorkCounters):
+        return value
+    if not isinstance(value, Mapping):
+        raise DrainCountersInvalid(detail="work counters must be a mapping")
+    counts: dict[str, int] = {}
+    for kind in _COUNTER_KINDS:
+        try:
+            count = safe_int(value[kind])
+        except (KeyError, ValueError):
+            raise DrainCountersInvalid(detail=f"counter {kind!r} is not an integer ≥ 0") from None
+        if count < 0:
+            raise DrainCountersInvalid(detail=f"counter {kind!r} is not an integer ≥ 0")
+        counts[kind] = count
+    return WorkCounters(**counts)
+
+
+def _first_problem(error: ValidationError) -> str:
+    problem = error.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in problem["loc"]) or "body"
+    return f"{where}: {problem['msg']}"
