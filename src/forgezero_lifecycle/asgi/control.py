@@ -1,0 +1,261 @@
+"""The control plane: every path of DESIGN.md §4 as one small ASGI app.
+
+Authentication is a bearer token compared with :func:`hmac.compare_digest` (the control token for
+drain and handoff control, the separate handoff token for state export). Bodies are capped at
+16 KiB before parsing, must be ``application/json`` and strict UTF-8 JSON. Every error is
+``{"error": CODE}`` (plus an optional ``detail`` that never holds a token) with the status of the
+table below; a 5xx for any client input is a bug.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, final
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .._errors import (
+    BodyTooLarge,
+    ContentTypeInvalid,
+    ControlPathNotFound,
+    DrainConflict,
+    DrainNotFound,
+    DrainRequestInvalid,
+    LifecycleError,
+    MethodNotAllowed,
+    StateConflict,
+    StateExportError,
+    StateInputInvalid,
+    StateNotFound,
+    Unauthorized,
+)
+from ..core.drain import DrainController
+from ..wire import paths
+from ._types import Receive, Scope, Send
+
+__all__ = ["MAX_CONTROL_BODY_BYTES", "ControlApp", "HandoffControl", "status_for"]
+
+logger = logging.getLogger("forgezero_lifecycle.control")
+
+MAX_CONTROL_BODY_BYTES: Final = 16 * 1024
+_LOOPBACK: Final = frozenset({"127.0.0.1", "::1"})
+
+
+class HandoffControl:
+    """What the control plane needs of a state handoff controller (structural)."""
+
+    async def export_state(self, source_revision: object, target_revision: object) -> Any: ...
+    def begin(self, request: object, timeout_ms: object) -> Any: ...
+    def status(self, nonce: object) -> Any: ...
+
+
+def status_for(error: LifecycleError) -> int:
+    """The HTTP status of a library error on the control plane (always 4xx)."""
+    code = error.code
+    if isinstance(error, Unauthorized):
+        return 401
+    if isinstance(error, BodyTooLarge) or code == "RUNTIME_STATE_EXPORT_TOO_LARGE":
+        return 413
+    if isinstance(error, ContentTypeInvalid):
+        return 415
+    if isinstance(error, DrainNotFound | StateNotFound | ControlPathNotFound):
+        return 404
+    if isinstance(error, MethodNotAllowed):
+        return 405
+    if isinstance(error, DrainConflict | StateConflict):
+        return 409
+    if isinstance(error, StateExportError):
+        return 422
+    return 400
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    handler: Callable[[Request], Awaitable[Response]]
+    method: str
+    token: str  # "control", "handoff" or "none"
+
+
+@final
+class ControlApp:
+    """An ASGI app serving the control protocol for one runtime."""
+
+    def __init__(
+        self,
+        *,
+        drain: DrainController,
+        is_ready: Callable[[], bool],
+        intake_closed: Callable[[], bool],
+        control_token: str | None,
+        handoff_token: str | None = None,
+        handoff: HandoffControl | None = None,
+        schedules: Callable[[], object] | None = None,
+        loopback_only: bool = False,
+    ) -> None:
+        self._drain = drain
+        self._handoff = handoff
+        self._is_ready = is_ready
+        self._intake_closed = intake_closed
+        self._schedules = schedules
+        self._tokens = {
+            "control": None if control_token is None else control_token.encode(),
+            "handoff": None if handoff_token is None else handoff_token.encode(),
+        }
+        self._loopback_only = loopback_only
+        self._routes: Mapping[str, _Route] = {
+            paths.RUNTIME_DRAIN_BEGIN_PATH: _Route(self._drain_begin, "POST", "control"),
+            paths.RUNTIME_DRAIN_STATUS_PATH: _Route(self._drain_status, "GET", "control"),
+            paths.RUNTIME_DRAIN_ROLLBACK_PATH: _Route(self._drain_rollback, "POST", "control"),
+            paths.RUNTIME_STATE_EXPORT_PATH: _Route(self._state_export, "GET", "handoff"),
+            paths.RUNTIME_STATE_BEGIN_PATH: _Route(self._state_begin, "POST", "control"),
+            paths.RUNTIME_STATE_STATUS_PATH: _Route(self._state_status, "GET", "control"),
+            paths.RUNTIME_SCHEDULES_STATUS_PATH: _Route(self._schedules_status, "GET", "control"),
+            paths.RUNTIME_READY_PATH: _Route(self._ready, "GET", "none"),
+            paths.RUNTIME_LIVE_PATH: _Route(self._live, "GET", "none"),
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+            return
+        request = Request(scope, receive)
+        try:
+            response = await self._dispatch(request)
+        except LifecycleError as error:
+            response = _error(error)
+        except Exception:
+            logger.exception("control.internal_error path=%s", request.url.path)
+            response = _json({"error": "RUNTIME_INTERNAL_ERROR"}, 500)
+        await response(scope, receive, send)
+
+    async def _dispatch(self, request: Request) -> Response:
+        path = request.url.path
+        root = request.scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        route = self._routes.get(path.rstrip("/") or path)
+        if route is None:
+            raise ControlPathNotFound(detail="no such control path")
+        method = request.method
+        if method != route.method and not (route.method == "GET" and method == "HEAD"):
+            raise MethodNotAllowed("GET, HEAD" if route.method == "GET" else route.method)
+        if route.token != "none":
+            self._authenticate(request, route.token)
+        return await route.handler(request)
+
+    def _authenticate(self, request: Request, kind: str) -> None:
+        expected = self._tokens[kind]
+        if expected is None:
+            client = request.client.host if request.client else ""
+            if self._loopback_only and client in _LOOPBACK:
+                return
+            raise Unauthorized(detail=f"no {kind} token is configured on this runtime")
+        header = request.headers.get("authorization", "")
+        scheme, _, presented = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.encode(), expected):
+            raise Unauthorized(detail=f"send Authorization: Bearer <{kind} token>")
+
+    async def _drain_begin(self, request: Request) -> Response:
+        accepted = self._drain.begin(await _json_body(request))
+        return _json(accepted.model_dump(), 202)
+
+    async def _drain_status(self, request: Request) -> Response:
+        status = self._drain.status(request.query_params.get("nonce"))
+        return _json(status.model_dump(mode="json", exclude_none=True), 200)
+
+    async def _drain_rollback(self, request: Request) -> Response:
+        body = await _json_body(request)
+        nonce = body.get("nonce") if isinstance(body, dict) else None
+        status = self._drain.rollback(nonce)
+        return _json(status.model_dump(mode="json", exclude_none=True), 200)
+
+    async def _state_export(self, request: Request) -> Response:
+        handoff = self._require_handoff()
+        if not self._intake_closed():
+            raise StateConflict(
+                "RUNTIME_STATE_NOT_DRAINING",
+                detail="begin a drain first: export needs closed intake",
+            )
+        query = request.query_params
+        envelope = await handoff.export_state(
+            query.get("sourceRevision"), query.get("targetRevision")
+        )
+        return _json(envelope.model_dump(mode="json"), 200)
+
+    async def _state_begin(self, request: Request) -> Response:
+        body = await _json_body(request)
+        timeout_ms = body.get("timeoutMs") if isinstance(body, dict) else None
+        accepted = self._require_handoff().begin(body, timeout_ms)
+        return _json(dict(accepted), 202)
+
+    async def _state_status(self, request: Request) -> Response:
+        status = self._require_handoff().status(request.query_params.get("nonce"))
+        return _json(status.model_dump(mode="json", exclude_none=True), 200)
+
+    async def _schedules_status(self, request: Request) -> Response:
+        return _json({"schedules": self._schedules() if self._schedules else []}, 200)
+
+    async def _ready(self, request: Request) -> Response:
+        if self._is_ready():
+            return _json({"ready": True}, 200)
+        return _json({"ready": False, "status": "draining"}, 503)
+
+    async def _live(self, request: Request) -> Response:
+        return _json({"live": True}, 200)
+
+    def _require_handoff(self) -> HandoffControl:
+        if self._handoff is None:
+            raise StateNotFound(detail="this runtime has no state adapter")
+        return self._handoff
+
+
+async def _json_body(request: Request) -> object:
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";", 1)[0].strip().lower() != "application/json":
+        raise ContentTypeInvalid(detail="send Content-Type: application/json")
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > MAX_CONTROL_BODY_BYTES):
+        raise BodyTooLarge(detail=f"control bodies are at most {MAX_CONTROL_BODY_BYTES} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_CONTROL_BODY_BYTES:
+            raise BodyTooLarge(detail=f"control bodies are at most {MAX_CONTROL_BODY_BYTES} bytes")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise _invalid_body(request.url.path) from None
+
+
+def _invalid_body(path: str) -> LifecycleError:
+    if "/state/" in path:
+        return StateInputInvalid("RUNTIME_STATE_REQUEST_INVALID", detail="the body is not JSON")
+    return DrainRequestInvalid(detail="the body is not strict UTF-8 JSON")
+
+
+def _error(error: LifecycleError) -> Response:
+    status = status_for(error)
+    body: dict[str, str] = {"error": error.code}
+    if error.detail:
+        body["detail"] = error.detail
+    response = _json(body, status)
+    if status == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(error, MethodNotAllowed):
+        response.headers["Allow"] = error.allow
+    return response
+
+
+def _json(content: object, status: int) -> Response:
+    return Response(
+        orjson.dumps(content),
+        status_code=status,
+        media_type="application/json",
+        headers={"Cache-Control": "no-store"},
+    )

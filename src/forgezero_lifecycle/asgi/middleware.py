@@ -1,0 +1,204 @@
+"""Pure-ASGI in-flight middleware: counts, refuses and ends work as the intake gate says.
+
+Per connection, by ``scope["type"]``:
+
+* ``lifespan`` passes through untouched;
+* control-plane paths (``/.forgezero/runtime/…``, after ``root_path``) go to the control app,
+  ahead of every user route and middleware, and are neither counted nor refused; so are scopes
+  the user's ``exempt`` predicate picks;
+* ``http``: admitted and counted until the app call returns (streamed bodies and background
+  tasks included), or refused with a 503 the app never sees. While draining, every response
+  start gains ``Connection: close``. Once the stream grace is over, a request that waits on
+  ``receive()`` after its body gets ``http.disconnect``, and a response the app then leaves
+  unfinished is ended cleanly with an empty last chunk;
+* ``websocket``: admitted and counted, or refused before accept (503 denial response when the
+  server offers ``websocket.http.response``, else close 1013). Once the stream grace is over an
+  open session is closed with 1012 (configurable) and reason ``draining``; the server then
+  delivers ``websocket.disconnect`` to the app, and app sends after that are dropped.
+
+No per-request state lives on ``self``; everything per request is a local or a closure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Final, final
+
+from ..core.gate import IntakeGate
+from ..wire.paths import CONTROL_PREFIX
+from ._types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["InFlightMiddleware"]
+
+_REFUSAL_BODY: Final = b'{"error":"RUNTIME_DRAINING"}'
+_DISCONNECT: Final = {"type": "http.disconnect"}
+_TRY_AGAIN_LATER: Final = 1013
+
+
+@final
+class InFlightMiddleware:
+    """Wrap an ASGI app so the runtime's drain can see, refuse and end its work."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        /,
+        *,
+        gate: IntakeGate,
+        control: ASGIApp | None = None,
+        exempt: Callable[[Scope], bool] | None = None,
+        retry_after: int = 1,
+        websocket_close_code: int = 1012,
+    ) -> None:
+        self.app = app
+        self._gate = gate
+        self._control = control
+        self._exempt = exempt
+        self._close_code = websocket_close_code
+        self._refusal_headers: Final = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(_REFUSAL_BODY)).encode()),
+            (b"retry-after", str(retry_after).encode()),
+            (b"connection", b"close"),
+        ]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind != "http" and kind != "websocket":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        root: str = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        if path.startswith(CONTROL_PREFIX):
+            await (self._control or self.app)(scope, receive, send)
+            return
+        if self._exempt is not None and self._exempt(scope):
+            await self.app(scope, receive, send)
+            return
+        if kind == "http":
+            await self._http(scope, receive, send)
+        else:
+            await self._websocket(scope, receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gate = self._gate
+        if not gate.try_admit("http"):
+            await send(
+                {"type": "http.response.start", "status": 503, "headers": self._refusal_headers}
+            )
+            await send({"type": "http.response.body", "body": _REFUSAL_BODY})
+            return
+        body_done = False
+        started = False
+        finished = False
+        disconnected = False
+
+        async def receive_within_grace() -> Message:
+            nonlocal body_done, disconnected
+            if not body_done:
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    body_done = True
+                return message
+            # After the body only a disconnect can arrive: wait for it or for the stream notice.
+            incoming = await _receive_or_notice(receive, gate.notice)
+            if incoming is None:
+                disconnected = True
+                return dict(_DISCONNECT)
+            return incoming
+
+        async def send_with_close(message: Message) -> None:
+            nonlocal started, finished
+            if message["type"] == "http.response.start":
+                started = True
+                if gate.draining:
+                    message = _with_connection_close(message)
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                finished = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive_within_grace, send_with_close)
+            if disconnected and started and not finished:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            gate.release("http")
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gate = self._gate
+        if not gate.try_admit("websocket"):
+            await self._refuse_websocket(scope, receive, send)
+            return
+        closed = False
+        lock = asyncio.Lock()
+
+        async def send_until_closed(message: Message) -> None:
+            nonlocal closed
+            async with lock:
+                if closed:
+                    return  # the drain closed this session; the app learns it from receive()
+                if message["type"] in ("websocket.close", "websocket.http.response.body"):
+                    closed = True
+                await send(message)
+
+        async def close_after_grace() -> None:
+            nonlocal closed
+            await gate.notice.wait()
+            async with lock:
+                if not closed:
+                    closed = True
+                    await send(
+                        {"type": "websocket.close", "code": self._close_code, "reason": "draining"}
+                    )
+
+        watcher = asyncio.ensure_future(close_after_grace())
+        try:
+            await self.app(scope, receive, send_until_closed)
+        finally:
+            watcher.cancel()
+            gate.release("websocket")
+
+    async def _refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await send(
+                {
+                    "type": "websocket.http.response.start",
+                    "status": 503,
+                    "headers": self._refusal_headers,
+                }
+            )
+            await send({"type": "websocket.http.response.body", "body": _REFUSAL_BODY})
+        else:
+            await send({"type": "websocket.close", "code": _TRY_AGAIN_LATER, "reason": "draining"})
+
+
+async def _receive_or_notice(receive: Receive, notice: asyncio.Event) -> Message | None:
+    """The next message, or None once the stream notice is given."""
+    if notice.is_set():
+        return None
+    incoming = asyncio.ensure_future(receive())
+    noticed = asyncio.ensure_future(notice.wait())
+    try:
+        await asyncio.wait((incoming, noticed), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        noticed.cancel()
+        if not incoming.done():
+            incoming.cancel()
+    if incoming.done() and not incoming.cancelled():
+        return incoming.result()
+    return None
+
+
+def _with_connection_close(message: Message) -> Message:
+    headers = list(message.get("headers", ()))
+    for name, _ in headers:
+        if name.lower() == b"connection":
+            return message
+    headers.append((b"connection", b"close"))
+    return {**message, "headers": headers}

@@ -1,0 +1,257 @@
+"""The composition root: one :class:`Runtime` per process builds and wires every part.
+
+::
+
+    runtime = Runtime(control_token=os.environ["FORGEZERO_CONTROL_TOKEN"], revision=REVISION)
+    runtime.install(app)            # Starlette / FastAPI: middleware + control plane
+    app = runtime.wrap(any_asgi)    # any other ASGI app
+
+A drain with ``timeoutMs = T`` runs, all inside T (DESIGN.md §3):
+
+1. readiness turns 503 and :attr:`Runtime.draining` is set;
+2. for ``not_ready_grace`` seconds intake stays open, so load balancers see readiness first;
+3. the gate and every registered participant (queue, job worker, scheduler) close in one step;
+4. admitted work runs on, responses carry ``Connection: close``;
+5. after ``stream_grace`` (at most half of what is left of T) WebSockets get close 1012 and
+   streaming responses get ``http.disconnect``;
+6. participants drain; durable jobs still running near the deadline are released, fenced;
+7. drained when every counter is 0, failed otherwise. Rollback reopens everything.
+
+The library reads no environment variables; the CLI maps them to these arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any, Final, TypeVar, final
+
+from starlette.applications import Starlette
+
+from ._clock import Clock, SystemClock
+from ._errors import ConfigurationError
+from .asgi._types import ASGIApp, Scope
+from .asgi.control import ControlApp, HandoffControl
+from .asgi.middleware import InFlightMiddleware
+from .core.drain import DrainController
+from .core.gate import IntakeGate
+from .core.participant import WorkParticipant
+from .wire.drain import WorkCounters
+
+__all__ = ["Runtime"]
+
+logger = logging.getLogger("forgezero_lifecycle.runtime")
+
+P = TypeVar("P", bound=WorkParticipant)
+
+#: Share of the drain deadline kept back so durable jobs are released before it expires.
+_RELEASE_MARGIN_SHARE: Final = 0.1
+_RELEASE_MARGIN_MAX: Final = 1.0
+
+
+@final
+class Runtime:
+    """One generation's lifecycle: intake gate, drain, state handoff and control plane."""
+
+    def __init__(
+        self,
+        *,
+        control_token: str | None = None,
+        handoff_token: str | None = None,
+        revision: str | None = None,
+        state_adapter: Any | None = None,
+        not_ready_grace: float = 0.0,
+        stream_grace: float = 5.0,
+        websocket_close_code: int = 1012,
+        exempt: Callable[[Scope], bool] | None = None,
+        insecure_loopback_control: bool = False,
+        clock: Clock | None = None,
+    ) -> None:
+        if control_token is None and not insecure_loopback_control:
+            raise ConfigurationError(
+                detail="a control token is required (or insecure_loopback_control=True for "
+                "local development, which admits loopback clients only)"
+            )
+        for name, token in (("control_token", control_token), ("handoff_token", handoff_token)):
+            if token is not None and len(token) < 16:
+                raise ConfigurationError(detail=f"{name} must be at least 16 characters")
+        if not_ready_grace < 0 or stream_grace < 0:
+            raise ConfigurationError(detail="grace periods must be ≥ 0 seconds")
+        if not 1000 <= websocket_close_code <= 4999:
+            raise ConfigurationError(detail="websocket_close_code must be a WebSocket close code")
+        self.revision = revision
+        self.gate = IntakeGate()
+        self.draining = asyncio.Event()
+        self._clock = clock or SystemClock()
+        self._not_ready_grace = not_ready_grace
+        self._stream_grace = stream_grace
+        self._close_code = websocket_close_code
+        self._exempt = exempt
+        self._participants: list[WorkParticipant] = []
+        self._closed = asyncio.Event()
+        self._began_at = 0.0
+        self._timeout = 0.0
+        self._closer: asyncio.Task[None] | None = None
+        self.drain = DrainController(_Dependencies(self), revision=revision)
+        self.handoff: HandoffControl | None = None
+        if state_adapter is not None:
+            from .core.handoff import StateHandoffController
+
+            self.handoff = StateHandoffController(state_adapter)
+        self.control = ControlApp(
+            drain=self.drain,
+            handoff=self.handoff,
+            is_ready=lambda: not self.draining.is_set(),
+            intake_closed=lambda: not self.gate.is_open,
+            control_token=control_token,
+            handoff_token=handoff_token,
+            schedules=self._schedules_status,
+            loopback_only=insecure_loopback_control,
+        )
+
+    def add(self, participant: P) -> P:
+        """Register memory or durable work (queue, job worker, scheduler) with the drain."""
+        if not isinstance(participant, WorkParticipant):
+            raise ConfigurationError(detail=f"{participant!r} is not a WorkParticipant")
+        self._participants.append(participant)
+        if not self.gate.is_open:
+            participant.pause_intake()
+        return participant
+
+    def wrap(self, app: ASGIApp) -> ASGIApp:
+        """Wrap any ASGI app: in-flight middleware outside, control plane ahead of its routes."""
+        return InFlightMiddleware(
+            app,
+            gate=self.gate,
+            control=self.control,
+            exempt=self._exempt,
+            websocket_close_code=self._close_code,
+        )
+
+    def install(self, app: Starlette) -> None:
+        """Install on a Starlette or FastAPI app, as the outermost user middleware."""
+        app.add_middleware(
+            InFlightMiddleware,
+            gate=self.gate,
+            control=self.control,
+            exempt=self._exempt,
+            websocket_close_code=self._close_code,
+        )
+        app.state.forgezero_runtime = self
+
+    def counters(self) -> WorkCounters:
+        """Live in-flight counts per kind, as drain status reports them."""
+        gate = self.gate.counters()
+        per_kind = {"jobs": 0, "schedules": 0}
+        for participant in self._participants:
+            per_kind[participant.kind] += participant.in_flight()
+        return WorkCounters(http=gate["http"], websocket=gate["websocket"], **per_kind)
+
+    def _schedules_status(self) -> list[object]:
+        result: list[object] = []
+        for participant in self._participants:
+            status = getattr(participant, "schedule_status", None)
+            if callable(status):
+                result.extend(status())
+        return result
+
+    # The drain's steps, called by _Dependencies.
+
+    def _begin(self) -> None:
+        self._began_at = self._clock.monotonic()
+        self.draining.set()
+        self.gate.begin_draining()
+        if self._not_ready_grace <= 0:
+            self._close_intake()
+        else:
+            self._closer = asyncio.create_task(self._close_after_grace())
+
+    async def _close_after_grace(self) -> None:
+        # The deadline is known by the time this task runs (stop_jobs is called within begin).
+        await self._clock.sleep(min(self._not_ready_grace, self._timeout / 2))
+        self._close_intake()
+
+    def _close_intake(self) -> None:
+        # One synchronous step: nothing of any kind is admitted once this returns.
+        self.gate.close()
+        for participant in self._participants:
+            participant.pause_intake()
+        self._closed.set()
+        logger.info("drain.intake_closed")
+
+    def _remaining(self) -> float:
+        return max(0.0, self._timeout - (self._clock.monotonic() - self._began_at))
+
+    async def _wait_for_requests(self) -> None:
+        await self._closed.wait()
+        notice_after = min(self._stream_grace, self._remaining() / 2)
+        if not await _first(self.gate.wait_idle(), self._clock.sleep(notice_after)):
+            logger.info("drain.stream_notice in_flight=%s", self.gate.counters())
+            self.gate.end_streams()
+            await self.gate.wait_idle()
+
+    def _set_deadline(self, timeout_ms: int) -> None:
+        self._timeout = timeout_ms / 1000
+
+    async def _stop_jobs(self) -> None:
+        await self._closed.wait()
+        margin = min(_RELEASE_MARGIN_MAX, self._timeout * _RELEASE_MARGIN_SHARE)
+        budget = max(0.0, self._remaining() - margin)
+        await asyncio.gather(*(p.drain(budget) for p in self._participants))
+
+    def _resume(self) -> None:
+        if self._closer is not None:
+            self._closer.cancel()
+            self._closer = None
+        was_closed = self._closed.is_set()
+        self._closed.clear()
+        self.gate.reopen()
+        if was_closed:
+            for participant in self._participants:
+                participant.resume_intake()
+        self.draining.clear()
+
+
+@final
+class _Dependencies:
+    """The drain controller's view of the runtime (the seed's ``RuntimeDrainDependencies``)."""
+
+    __slots__ = ("_runtime",)
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    def drain_requests(self) -> None:
+        self._runtime._begin()
+
+    def wait_for_requests(self) -> Coroutine[Any, Any, None]:
+        return self._runtime._wait_for_requests()
+
+    def stop_jobs(self, timeout_ms: int) -> Coroutine[Any, Any, None]:
+        # Called synchronously inside DrainController.begin, right after drain_requests: the
+        # deadline is recorded before anything awaits.
+        self._runtime._set_deadline(timeout_ms)
+        return self._runtime._stop_jobs()
+
+    def work_counters(self) -> WorkCounters:
+        return self._runtime.counters()
+
+    def sleep(self, ms: int) -> Coroutine[Any, Any, None]:
+        return self._runtime._clock.sleep(ms / 1000)
+
+    def resume(self) -> None:
+        self._runtime._resume()
+
+
+async def _first(primary: Coroutine[Any, Any, None], timer: Coroutine[Any, Any, None]) -> bool:
+    """Run both; True when ``primary`` finished first. The other one is cancelled."""
+    primary_task = asyncio.ensure_future(primary)
+    timer_task = asyncio.ensure_future(timer)
+    try:
+        await asyncio.wait((primary_task, timer_task), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer_task.cancel()
+        if not primary_task.done():
+            primary_task.cancel()
+    return primary_task.done() and not primary_task.cancelled()
