@@ -40,7 +40,11 @@ class ManualClock:
         return sum(1 for _, _, f in self._sleepers if not f.done())
 
     async def advance(self, seconds: float) -> None:
-        """Move time forward by ``seconds``, waking every sleeper that falls due on the way."""
+        """Move time forward by ``seconds``, waking every sleeper that falls due on the way.
+
+        Ready tasks run first, so a task that is about to sleep is counted as a sleeper.
+        """
+        await settle()
         target = self._now + seconds
         while self._sleepers and self._sleepers[0][0] <= target:
             due, _, future = heapq.heappop(self._sleepers)

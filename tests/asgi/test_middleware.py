@@ -1,0 +1,278 @@
+"""InFlightMiddleware at message level: scripted receive, recorded send, exact messages."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from forgezero_lifecycle.asgi.middleware import InFlightMiddleware
+from forgezero_lifecycle.core.gate import IntakeGate
+from forgezero_lifecycle.testing import settle
+
+pytestmark = pytest.mark.anyio
+
+Message = dict[str, Any]
+
+
+def http_scope(path: str = "/work", root_path: str = "") -> Message:
+    return {"type": "http", "path": path, "root_path": root_path, "method": "GET", "headers": []}
+
+
+def ws_scope(extensions: Message | None = None) -> Message:
+    return {"type": "websocket", "path": "/ws", "root_path": "", "extensions": extensions or {}}
+
+
+class Recorder:
+    def __init__(self, *incoming: Message) -> None:
+        self.sent: list[Message] = []
+        self.incoming: asyncio.Queue[Message] = asyncio.Queue()
+        for message in incoming:
+            self.incoming.put_nowait(message)
+
+    async def receive(self) -> Message:
+        return await self.incoming.get()
+
+    async def send(self, message: Message) -> None:
+        self.sent.append(message)
+
+
+async def ok_app(scope: Message, receive: Any, send: Any) -> None:
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def test_lifespan_passes_through_untouched() -> None:
+    """Lifespan scopes reach the app as they are, with the server's own receive and send."""
+    seen: list[Any] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        seen.append((scope, receive, send))
+
+    recorder = Recorder()
+    scope = {"type": "lifespan"}
+    await InFlightMiddleware(app, gate=IntakeGate())(scope, recorder.receive, recorder.send)
+    assert seen == [(scope, recorder.receive, recorder.send)]
+
+
+async def test_request_is_counted_until_the_app_returns() -> None:
+    """An admitted request counts while the app runs, including after its last body chunk."""
+    gate = IntakeGate()
+    finish = asyncio.Event()
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        await ok_app(scope, receive, send)
+        await finish.wait()  # a background task after the response
+
+    recorder = Recorder({"type": "http.request", "body": b""})
+    call = asyncio.ensure_future(
+        InFlightMiddleware(app, gate=gate)(http_scope(), recorder.receive, recorder.send)
+    )
+    await settle()
+    assert recorder.sent[-1]["body"] == b"ok"
+    assert gate.counters()["http"] == 1
+    finish.set()
+    await call
+    assert gate.counters()["http"] == 0
+
+
+async def test_refused_request_gets_503_and_never_reaches_the_app() -> None:
+    """While closed: 503, Retry-After, Connection: close, Content-Length, RUNTIME_DRAINING."""
+    gate = IntakeGate()
+    gate.close()
+    called = False
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        nonlocal called
+        called = True
+
+    recorder = Recorder()
+    await InFlightMiddleware(app, gate=gate, retry_after=2)(
+        http_scope(), recorder.receive, recorder.send
+    )
+    assert not called
+    start, body = recorder.sent
+    assert start["status"] == 503
+    headers = dict(start["headers"])
+    assert headers[b"retry-after"] == b"2"
+    assert headers[b"connection"] == b"close"
+    assert headers[b"content-length"] == str(len(body["body"])).encode()
+    assert body["body"] == b'{"error":"RUNTIME_DRAINING"}'
+    assert gate.counters()["http"] == 0
+
+
+async def test_responses_while_draining_carry_connection_close_once() -> None:
+    """A response started while draining gains Connection: close unless it already has one."""
+    gate = IntakeGate()
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        gate.begin_draining()
+        await send({"type": "http.response.start", "status": 200, "headers": scope["h"]})
+        await send({"type": "http.response.body", "body": b""})
+
+    for given, expected in (
+        ([], [(b"connection", b"close")]),
+        ([(b"Connection", b"close")], [(b"Connection", b"close")]),
+    ):
+        recorder = Recorder()
+        gate.reopen()
+        scope = {**http_scope(), "h": given}
+        await InFlightMiddleware(app, gate=gate)(scope, recorder.receive, recorder.send)
+        assert recorder.sent[0]["headers"] == expected
+
+
+async def test_no_connection_close_while_serving() -> None:
+    """Outside a drain responses are passed on unchanged."""
+    recorder = Recorder({"type": "http.request", "body": b""})
+    await InFlightMiddleware(ok_app, gate=IntakeGate())(
+        http_scope(), recorder.receive, recorder.send
+    )
+    assert recorder.sent[0] == {"type": "http.response.start", "status": 200, "headers": []}
+
+
+async def test_stream_waiting_for_disconnect_is_ended_cleanly_at_the_notice() -> None:
+    """After the stream grace a streaming response gets http.disconnect and a clean last chunk."""
+    gate = IntakeGate()
+    got: list[Message] = []
+
+    async def streaming(scope: Message, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"part", "more_body": True})
+        got.append(await receive())  # blocks until the client leaves (or the notice)
+
+    recorder = Recorder({"type": "http.request", "body": b""})
+    call = asyncio.ensure_future(
+        InFlightMiddleware(streaming, gate=gate)(http_scope(), recorder.receive, recorder.send)
+    )
+    await settle()
+    assert not call.done()
+    gate.close()
+    gate.end_streams()
+    await call
+    assert got == [{"type": "http.disconnect"}]
+    assert recorder.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert gate.counters()["http"] == 0
+
+
+async def test_request_body_is_read_normally_during_a_drain() -> None:
+    """The notice never cuts a request body that is still arriving."""
+    gate = IntakeGate()
+    bodies: list[bytes] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            bodies.append(message["body"])
+            if not message.get("more_body"):
+                break
+
+    recorder = Recorder({"type": "http.request", "body": b"a", "more_body": True})
+    middleware = InFlightMiddleware(app, gate=gate)
+    call = asyncio.ensure_future(middleware(http_scope(), recorder.receive, recorder.send))
+    await settle()
+    gate.close()
+    gate.end_streams()
+    await settle()
+    recorder.incoming.put_nowait({"type": "http.request", "body": b"b", "more_body": False})
+    await call
+    assert bodies == [b"a", b"b"]
+
+
+async def test_websocket_is_closed_with_1012_at_the_notice_and_later_sends_dropped() -> None:
+    """An open WebSocket is closed 1012 'draining'; the app's sends after that are dropped."""
+    gate = IntakeGate()
+    closed_by_server = asyncio.Event()
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+        await closed_by_server.wait()
+        await send({"type": "websocket.send", "text": "late"})
+
+    recorder = Recorder({"type": "websocket.connect"})
+    middleware = InFlightMiddleware(app, gate=gate, websocket_close_code=1012)
+    call = asyncio.ensure_future(middleware(ws_scope(), recorder.receive, recorder.send))
+    await settle()
+    assert gate.counters()["websocket"] == 1
+    gate.close()
+    gate.end_streams()
+    await settle()
+    closed_by_server.set()
+    await call
+    assert recorder.sent == [
+        {"type": "websocket.accept"},
+        {"type": "websocket.close", "code": 1012, "reason": "draining"},
+    ]
+    assert gate.counters()["websocket"] == 0
+
+
+async def test_websocket_refused_with_a_503_denial_when_the_server_offers_it() -> None:
+    """With websocket.http.response the handshake is denied with the same 503 body."""
+    gate = IntakeGate()
+    gate.close()
+    recorder = Recorder({"type": "websocket.connect"})
+    scope = ws_scope({"websocket.http.response": {}})
+    await InFlightMiddleware(ok_app, gate=gate)(scope, recorder.receive, recorder.send)
+    assert recorder.sent[0]["type"] == "websocket.http.response.start"
+    assert recorder.sent[0]["status"] == 503
+    assert recorder.sent[1] == {
+        "type": "websocket.http.response.body",
+        "body": b'{"error":"RUNTIME_DRAINING"}',
+    }
+
+
+async def test_websocket_refused_with_close_1013_otherwise() -> None:
+    """Without the denial extension the handshake is closed with 1013 (try again later)."""
+    gate = IntakeGate()
+    gate.close()
+    recorder = Recorder({"type": "websocket.connect"})
+    await InFlightMiddleware(ok_app, gate=gate)(ws_scope(), recorder.receive, recorder.send)
+    assert recorder.sent == [{"type": "websocket.close", "code": 1013, "reason": "draining"}]
+
+
+@pytest.mark.parametrize(
+    ("path", "root_path"),
+    [("/.forgezero/runtime/ready", ""), ("/api/.forgezero/runtime/ready", "/api")],
+)
+async def test_control_paths_go_to_the_control_app_uncounted_even_while_closed(
+    path: str, root_path: str
+) -> None:
+    """Control paths (after root_path) bypass counting and refusal and reach the control app."""
+    gate = IntakeGate()
+    gate.close()
+    reached: list[str] = []
+
+    async def control(scope: Message, receive: Any, send: Any) -> None:
+        reached.append(scope["path"])
+        assert gate.counters()["http"] == 0
+
+    recorder = Recorder()
+    middleware = InFlightMiddleware(ok_app, gate=gate, control=control)
+    await middleware(http_scope(path, root_path), recorder.receive, recorder.send)
+    assert reached == [path]
+
+
+async def test_exempt_scopes_are_neither_counted_nor_refused() -> None:
+    """A user exempt predicate lets e.g. a metrics path through during a drain."""
+    gate = IntakeGate()
+    gate.close()
+    recorder = Recorder({"type": "http.request", "body": b""})
+    middleware = InFlightMiddleware(ok_app, gate=gate, exempt=lambda s: s["path"] == "/metrics")
+    await middleware(http_scope("/metrics"), recorder.receive, recorder.send)
+    assert recorder.sent[0]["status"] == 200
+
+
+async def test_count_is_released_when_the_app_raises() -> None:
+    """An app exception still releases the count (try/finally)."""
+    gate = IntakeGate()
+
+    async def broken(scope: Message, receive: Any, send: Any) -> None:
+        raise RuntimeError("boom")
+
+    recorder = Recorder()
+    with pytest.raises(RuntimeError):
+        await InFlightMiddleware(broken, gate=gate)(http_scope(), recorder.receive, recorder.send)
+    assert gate.counters()["http"] == 0

@@ -1,0 +1,74 @@
+"""The intake gate: atomic admission, counters and event-driven idleness."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from forgezero_lifecycle.core.gate import IntakeGate
+from forgezero_lifecycle.testing import settle
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.parametrize("seed", range(20))
+async def test_no_unit_is_admitted_after_close_returns(seed: int) -> None:
+    """However admissions interleave with close(), none succeeds once close() has returned."""
+    rng = random.Random(seed)
+    gate = IntakeGate()
+    log: list[str] = []
+
+    async def client(n: int) -> None:
+        for _ in range(rng.randrange(5)):
+            await asyncio.sleep(0)
+        if gate.try_admit("http" if n % 2 else "websocket"):
+            log.append("admitted")
+
+    async def closer() -> None:
+        for _ in range(rng.randrange(5)):
+            await asyncio.sleep(0)
+        gate.close()
+        log.append("closed")
+
+    await asyncio.gather(*(client(n) for n in range(50)), closer())
+    closed_at = log.index("closed")
+    assert "admitted" not in log[closed_at + 1 :]
+    assert sum(gate.counters().values()) == log.count("admitted")
+
+
+async def test_wait_idle_wakes_when_the_last_unit_is_released() -> None:
+    """wait_idle() is an event: it returns at the release of the last unit, not by polling."""
+    gate = IntakeGate()
+    assert gate.try_admit("http")
+    assert gate.try_admit("websocket")
+    waiter = asyncio.ensure_future(gate.wait_idle())
+    gate.release("http")
+    await settle()
+    assert not waiter.done()
+    gate.release("websocket")
+    await settle()
+    assert waiter.done()
+
+
+async def test_reopen_admits_again_and_withdraws_the_stream_notice() -> None:
+    """Rollback reopens the gate: admission resumes and the notice and draining flags clear."""
+    gate = IntakeGate()
+    gate.close()
+    gate.end_streams()
+    assert not gate.try_admit("http")
+    assert gate.draining
+    gate.reopen()
+    assert gate.try_admit("http")
+    assert not gate.notice.is_set()
+    assert not gate.draining
+    assert gate.counters() == {"http": 1, "websocket": 0}
+
+
+async def test_begin_draining_keeps_admitting() -> None:
+    """Readiness off (not-ready grace) still admits; only close() refuses."""
+    gate = IntakeGate()
+    gate.begin_draining()
+    assert gate.draining
+    assert gate.try_admit("http")
