@@ -129,7 +129,8 @@ async def test_unauthenticated_begin_is_401_and_changes_nothing(
     assert response.status_code == 401
     assert response.headers["www-authenticate"] == "Bearer"
     assert response.json()["error"] == "RUNTIME_UNAUTHORIZED"
-    assert TOKEN not in response.text and HANDOFF_TOKEN not in response.text
+    assert TOKEN not in response.text
+    assert HANDOFF_TOKEN not in response.text
     assert not runtime.drain.active
     assert (await http.get(READY)).status_code == 200
 
@@ -200,8 +201,10 @@ async def test_state_endpoints_without_an_adapter_are_404(
 async def test_drain_waits_for_an_in_flight_request() -> None:
     """A slow request admitted before begin finishes; the drain is drained only afterwards."""
     release = asyncio.Event()
+    entered = asyncio.Event()
 
     async def slow(request: Any) -> PlainTextResponse:
+        entered.set()
         await release.wait()
         return PlainTextResponse("done")
 
@@ -212,8 +215,7 @@ async def test_drain_waits_for_an_in_flight_request() -> None:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
             pending = asyncio.ensure_future(http.get("/slow"))
-            while runtime.counters().http == 0:
-                await asyncio.sleep(0)
+            await entered.wait()
             await http.post(BEGIN, json=drain_request(), headers=AUTH)
             status = (await http.get(STATUS, params={"nonce": NONCE}, headers=AUTH)).json()
             assert (status["status"], status["inFlight"]["http"]) == ("draining", 1)
