@@ -1,0 +1,1 @@
+"""Benchmarks: each module is runnable with ``python -m bench.<name> [--quick]``."""

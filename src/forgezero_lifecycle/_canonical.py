@@ -1,0 +1,352 @@
+"""Canonical JSON and state digests, byte-identical to the seed's ``canonicalJson``.
+
+The rules (RFC 8785, except that lone surrogates are escaped and integers beyond 2**53 are
+rounded to doubles, as the JavaScript does):
+
+* Accepted values are ``None``, ``bool``, ``int``, ``float``, ``str``, ``list``, ``tuple`` (an
+  array) and ``dict`` with ``str`` keys, by exact type: subclasses (enums, ``OrderedDict``), NaN,
+  infinities, cycles and nesting deeper than :data:`MAX_DEPTH` raise :class:`StateInputInvalid`
+  with code ``RUNTIME_STATE_VALUE_INVALID``.
+* No whitespace. Object keys are sorted by UTF-16 code units, as ``Array.prototype.sort`` does
+  (this differs from code point order when a key holds a character above U+FFFF).
+* Strings are escaped as ``JSON.stringify`` escapes them: ``\\"``, ``\\\\``, ``\\b \\f \\n \\r
+  \\t``, other control characters as lowercase ``\\u00xx``, lone surrogates as ``\\udxxx``; all
+  other text is raw UTF-8. A Python string is read as UTF-16, so two surrogate code points
+  that form a pair are the character they encode.
+* Numbers are formatted by ECMAScript ``Number::toString``: ``1e+21``, ``1e-7``, ``100`` for
+  ``100.0``, ``0`` for ``-0.0``; an int beyond 2**53 is first rounded to the nearest double.
+
+Two encoders give the same bytes. The exact one is iterative and handles everything, errors
+included. The fast one lets orjson encode (sorted keys, strings escaped as JSON.stringify does),
+then checks the value level by level with C-speed passes (the types, and that every float is
+finite) and rewrites the few float tokens orjson prints unlike ECMAScript. Where orjson refuses a
+subtree (a lone surrogate, an int beyond 2**53) or its key order may differ from UTF-16 order,
+only that subtree's top level is encoded by hand. Error messages name the place by array index
+and never show object keys: keys are state data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator
+from itertools import chain, compress, count, pairwise, repeat
+from json.encoder import encode_basestring
+from operator import is_
+from typing import Any, Final, cast
+
+import orjson
+
+from ._errors import StateInputInvalid
+
+__all__ = ["MAX_DEPTH", "canonical_json", "state_digest"]
+
+#: The deepest nesting of arrays and objects that is encoded.
+MAX_DEPTH: Final = 1000
+#: Below this depth the fast encoder hands subtrees to the iterative one (orjson stops at 255).
+_FAST_DEPTH: Final = 64
+_SAFE_INTEGER: Final = 2**53
+_CODE: Final = "RUNTIME_STATE_VALUE_INVALID"
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+_ORJSON_OPTIONS: Final = orjson.OPT_SORT_KEYS | orjson.OPT_STRICT_INTEGER
+_JSON_TYPES: Final = frozenset((dict, list, tuple, str, int, float, bool, type(None)))
+_IS_ARRAY: Final = frozenset((list, tuple)).__contains__
+#: UTF-8 lead bytes of U+E000..U+FFFF and of U+10000 and above: sorted differently in UTF-16.
+_LATE_BMP: Final = (b"\xee", b"\xef")
+_ASTRAL: Final = (b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4")
+#: orjson prints a float as repr does in decimal form (1e-5 <= |x| < 1e16) and ``1.5e-7`` style
+#: outside; the fast encoder relies on that and is off if this orjson prints otherwise.
+_ORJSON_FLOATS: Final = orjson.dumps([0.1, 100.0, -0.0, 1e-5, 1.5e-7, 1e16, 1e21, 5e-324])
+_ORJSON_FLOATS_AS_EXPECTED: Final = (
+    _ORJSON_FLOATS == b"[0.1,100.0,-0.0,0.00001,1.5e-7,1e+16,1e+21,5e-324]"
+)
+_INTEGRAL: Final = re.compile(rb"\.0(?=[,\]}]|\Z)")
+_NEGATIVE_ZERO: Final = re.compile(rb"-0\.0(?=[,\]}]|\Z)")
+_EXPONENT: Final = re.compile(rb"e[-+]\d+(?=[,\]}]|\Z)")
+
+
+class _Refused(Exception):
+    """The fast encoder met something only the exact encoder can judge."""
+
+
+def canonical_json(value: object) -> bytes:
+    """The canonical JSON of ``value`` as UTF-8 bytes (the seed's ``canonicalJson``)."""
+    if _ORJSON_FLOATS_AS_EXPECTED:
+        try:
+            return _serialize(value, 0)
+        except (_Refused, StateInputInvalid):
+            pass
+    return _exact(value, 0).encode()  # or refuses, naming the place of the fault
+
+
+def state_digest(value: object) -> str:
+    """``"sha256:"`` and the lowercase hex SHA-256 of :func:`canonical_json` of ``value``."""
+    return "sha256:" + hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def _invalid(detail: str) -> StateInputInvalid:
+    return StateInputInvalid(_CODE, detail=detail)
+
+
+# -- scalars ----------------------------------------------------------------------------------
+
+
+def _quote(text: str) -> str:
+    """``JSON.stringify`` of a string."""
+    quoted = encode_basestring(text)
+    if _SURROGATE.search(quoted) is None:
+        return quoted
+    paired = quoted.encode("utf-16-be", "surrogatepass").decode("utf-16-be", "surrogatepass")
+    return _SURROGATE.sub(lambda lone: f"\\u{ord(lone.group()):04x}", paired)
+
+
+def _number(number: float, where: str) -> str:
+    """ECMAScript ``Number::toString`` of a double, from Python's shortest repr."""
+    if not math.isfinite(number):
+        raise _invalid(f"{number!r} at {where}: JSON has no NaN or Infinity; use null or a string")
+    if number == 0:
+        return "0"
+    text = repr(number)
+    if "e" not in text:
+        return text.removesuffix(".0")
+    mantissa, _, exponent = text.partition("e")
+    sign = "-" if mantissa.startswith("-") else ""
+    digits = mantissa.lstrip("-").replace(".", "")
+    size, point = len(digits), int(exponent) + 1  # number = 0.<digits> * 10**point
+    if size <= point <= 21:
+        return sign + digits + "0" * (point - size)
+    if 0 < point <= 21:
+        return f"{sign}{digits[:point]}.{digits[point:]}"
+    if -6 < point <= 0:
+        return f"{sign}0.{'0' * -point}{digits}"
+    fraction = f".{digits[1:]}" if size > 1 else ""
+    return f"{sign}{digits[0]}{fraction}e{point - 1:+d}"
+
+
+def _integer(number: int, where: str) -> str:
+    if -_SAFE_INTEGER <= number <= _SAFE_INTEGER:
+        return str(number)
+    try:
+        return _number(float(number), where)
+    except OverflowError:
+        raise _invalid(
+            f"an int at {where} is beyond the largest double (JS reads Infinity)"
+        ) from None
+
+
+def _scalar(value: object, where: str) -> str:
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    kind = type(value)
+    if kind is str:
+        return _quote(cast(str, value))
+    if kind is int:
+        return _integer(cast(int, value), where)
+    if kind is float:
+        return _number(cast(float, value), where)
+    raise _invalid(
+        f"a {kind.__module__}.{kind.__qualname__} at {where}: state values must be "
+        "None, bool, int, float, str, list, tuple or dict with str keys (convert it first)"
+    )
+
+
+# -- the exact encoder ------------------------------------------------------------------------
+
+_Members = Iterator[tuple[str, "str | int", object]]
+
+
+def _utf16(key: str) -> bytes:
+    return key.encode("utf-16-be", "surrogatepass")
+
+
+def _sorted_keys(mapping: dict[object, object], where: str) -> list[str]:
+    """The keys in UTF-16 code unit order; refuses non-str keys and keys equal in UTF-16."""
+    for key in mapping:
+        if type(key) is not str:
+            raise _invalid(f"an object at {where} has a {type(key).__name__} key; keys must be str")
+    keys = sorted(cast("dict[str, object]", mapping), key=_utf16)
+    for before, after in pairwise(keys):
+        if _utf16(before) == _utf16(after):
+            raise _invalid(f"an object at {where} has two keys that are one string in UTF-16")
+    return keys
+
+
+def _members(container: object, where: str) -> _Members:
+    if isinstance(container, dict):
+        keys = _sorted_keys(container, where)
+        return (
+            (("," if i else "{") + _quote(k) + ":", k, container[k]) for i, k in enumerate(keys)
+        )
+    assert isinstance(container, list | tuple)
+    return zip(chain("[", repeat(",")), count(), container)
+
+
+def _where(path: list[str | int]) -> str:
+    """A JSONPath to the current value: indices shown, object keys as ``*`` (they are data)."""
+    steps = [f"[{step}]" if isinstance(step, int) else ".*" for step in path[:12]]
+    return "$" + "".join(steps) + ("..." if len(path) > 12 else "")
+
+
+def _exact(value: object, depth: int) -> str:
+    """The reference encoder: iterative, so nesting is bounded by MAX_DEPTH, not by the stack."""
+    parts: list[str] = []
+    frames: list[tuple[_Members, str, int]] = []
+    path: list[str | int] = []
+    active: set[int] = set()
+    item = value
+    while True:
+        kind = type(item)
+        if kind is dict or kind is list or kind is tuple:
+            if id(item) in active:
+                raise _invalid(f"the value at {_where(path)} contains itself (a cycle)")
+            if depth + len(frames) >= MAX_DEPTH:
+                raise _invalid(f"the value nests deeper than {MAX_DEPTH} arrays and objects")
+            if item:
+                active.add(id(item))
+                frames.append(
+                    (_members(item, _where(path)), "}" if kind is dict else "]", id(item))
+                )
+                path.append("")
+            else:
+                parts.append("{}" if kind is dict else "[]")
+        else:
+            parts.append(_scalar(item, _where(path)))
+        while frames:
+            members, closer, ident = frames[-1]
+            member = next(members, None)
+            if member is not None:
+                prefix, path[-1], item = member
+                parts.append(prefix)
+                break
+            parts.append(closer)
+            active.discard(ident)
+            frames.pop()
+            path.pop()
+        else:
+            return "".join(parts)
+
+
+# -- the fast encoder -------------------------------------------------------------------------
+
+
+def _serialize(value: object, depth: int) -> bytes:
+    """orjson's bytes with ECMAScript floats, or the top level by hand if orjson cannot."""
+    if depth >= _FAST_DEPTH:
+        return _exact(value, depth).encode()
+    try:
+        encoded = orjson.dumps(value, option=_ORJSON_OPTIONS)
+    except orjson.JSONEncodeError:  # a lone surrogate, an int beyond 2**53, too deep, a cycle
+        return _assemble(value, depth)
+    if not encoded.isascii() and _mixes_planes(encoded):
+        return _assemble(value, depth)
+    floats = _floats(value)
+    return _ecmascript_floats(encoded, floats) if floats else encoded
+
+
+def _mixes_planes(encoded: bytes) -> bool:
+    """Whether code point and UTF-16 order might disagree on some pair of strings in here."""
+    return any(lead in encoded for lead in _LATE_BMP) and any(lead in encoded for lead in _ASTRAL)
+
+
+def _assemble(value: object, depth: int) -> bytes:
+    """One level by hand (keys in UTF-16 order, exact scalars), each child by _serialize."""
+    if isinstance(value, dict):
+        members = (
+            _quote(key).encode() + b":" + _serialize(value[key], depth + 1)
+            for key in _sorted_keys(value, "$")
+        )
+        return b"{" + b",".join(members) + b"}"
+    if isinstance(value, list | tuple):
+        return b"[" + b",".join(_serialize(member, depth + 1) for member in value) + b"]"
+    return _scalar(value, "$").encode()
+
+
+def _floats(value: object) -> list[float]:
+    """Every float in ``value`` (which orjson encoded, so it is acyclic); refuses other types.
+
+    Breadth first: each pass (the type of every member, picking the floats, the objects, the
+    arrays) runs at C speed over a whole level of the tree.
+    """
+    floats: list[float] = []
+    level: list[Any] = [value]
+    while level:
+        kinds = list(map(type, level))
+        present = set(kinds)
+        if not present <= _JSON_TYPES:
+            raise _Refused
+        if float in present:
+            floats += compress(level, map(is_, kinds, repeat(float)))
+        nested: list[Iterable[Any]] = []
+        if dict in present:
+            objects = compress(level, map(is_, kinds, repeat(dict)))
+            nested.append(chain.from_iterable(map(dict.values, objects)))
+        if list in present or tuple in present:
+            nested.append(chain.from_iterable(compress(level, map(_IS_ARRAY, kinds))))
+        level = list(chain.from_iterable(nested))
+    return floats
+
+
+def _ecmascript_floats(encoded: bytes, floats: list[float]) -> bytes:
+    """orjson's bytes with each float token that ECMAScript prints otherwise rewritten.
+
+    orjson prints ``100.0`` where ECMAScript prints ``100``, and uses exponent form outside
+    1e-5 <= |x| < 1e16 where ECMAScript does outside 1e-6 <= |x| < 1e21.
+    """
+    if not all(map(math.isfinite, floats)):
+        raise _Refused
+    magnitudes = list(map(abs, floats))
+    exponents = max(magnitudes) >= 1e16 or min(filter(None, magnitudes), default=1.0) < 1e-5
+    if exponents:
+        encoded = _rewrite(encoded, _EXPONENT, _exponent_token)
+    integral = sum(map(float.is_integer, floats))
+    if not integral:
+        return encoded
+    if not exponents and _NEGATIVE_ZERO.search(encoded) is None:
+        dropped, found = _INTEGRAL.subn(b"", encoded)
+        if found == integral:  # one match per integral float: none was inside a string
+            return dropped
+    return _rewrite(encoded, _INTEGRAL, _integral_token)
+
+
+_Token = Callable[[bytes, "re.Match[bytes]"], tuple[int, bytes]]
+
+
+def _rewrite(encoded: bytes, pattern: re.Pattern[bytes], token: _Token) -> bytes:
+    """``encoded`` with each match of ``pattern`` outside strings replaced as ``token`` says.
+
+    A match with an odd number of quotes before it is inside a string. Escaped backslashes and
+    quotes are masked first, keeping every offset.
+    """
+    masked = encoded.replace(b"\\\\", b"__").replace(b'\\"', b"__") if b"\\" in encoded else encoded
+    pieces: list[bytes] = []
+    done = counted = quotes = 0
+    for match in pattern.finditer(masked):
+        start = match.start()
+        quotes += masked.count(b'"', counted, start)
+        counted = start
+        if quotes % 2 == 0:
+            start, text = token(masked, match)
+            pieces += (encoded[done:start], text)
+            done = match.end()
+    pieces.append(encoded[done:])
+    return b"".join(pieces)
+
+
+def _integral_token(masked: bytes, match: re.Match[bytes]) -> tuple[int, bytes]:
+    """``12.0`` is ``12``: drop the ``.0``; ``-0.0`` is ``0``."""
+    start = match.start()
+    return (start - 2, b"0") if masked[start - 2 : start] == b"-0" else (start, b"")
+
+
+def _exponent_token(masked: bytes, match: re.Match[bytes]) -> tuple[int, bytes]:
+    """``1e+16`` is ``10000000000000000``: the whole number again, as ECMAScript prints it."""
+    start = match.start()
+    while start and masked[start - 1] in b"-.0123456789":
+        start -= 1
+    return start, _number(float(masked[start : match.end()]), "$").encode()

@@ -1,0 +1,331 @@
+"""Canonical JSON: the rules one by one, and the fast encoder against the exact one."""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import decimal
+import enum
+import hashlib
+import json
+import math
+import re
+import uuid
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from forgezero_lifecycle import _canonical
+from forgezero_lifecycle._canonical import MAX_DEPTH, canonical_json, state_digest
+from forgezero_lifecycle._errors import StateInputInvalid
+
+from .conformance._vectors import expected, vectors
+
+
+def exact(value: object) -> bytes:
+    return _canonical._exact(value, 0).encode()
+
+
+def fast(value: object) -> bytes:
+    return _canonical._serialize(value, 0)
+
+
+def refusal(value: object) -> StateInputInvalid:
+    with pytest.raises(StateInputInvalid) as caught:
+        canonical_json(value)
+    assert caught.value.code == "RUNTIME_STATE_VALUE_INVALID"
+    return caught.value
+
+
+def nested_lists(depth: int) -> list[Any]:
+    outer: list[Any] = []
+    inner = outer
+    for _ in range(depth - 1):
+        inner.append([])
+        inner = inner[0]
+    return outer
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+
+
+class Mode(enum.StrEnum):
+    FAST = "fast"
+
+
+class Tags(list[str]):
+    pass
+
+
+class Name(str):
+    pass
+
+
+class Ratio(float):
+    pass
+
+
+# -- types ------------------------------------------------------------------------------------
+
+
+def test_bool_encodes_as_true_false_never_as_one_zero() -> None:
+    """Python's bool is an int subclass, but JSON has true and false."""
+    assert canonical_json([True, 1, False, 0, 1.0]) == b"[true,1,false,0,1]"
+    assert canonical_json({"on": True, "off": False}) == b'{"off":false,"on":true}'
+
+
+def test_tuples_are_arrays() -> None:
+    """A tuple encodes as the list with the same items."""
+    assert canonical_json(((1, "a"), {"k": (True,)}, ())) == b'[[1,"a"],{"k":[true]},[]]'
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        set(),
+        frozenset(),
+        b"bytes",
+        bytearray(b"x"),
+        1j,
+        decimal.Decimal("1.5"),
+        datetime.datetime(2024, 2, 29, tzinfo=datetime.UTC),
+        uuid.UUID(int=7),
+        Colour.RED,
+        Level.LOW,
+        Mode.FAST,
+        orjson.Fragment(b"1"),
+        collections.OrderedDict(a=1),
+        collections.defaultdict(int),
+        Tags(["a"]),
+        Name("a"),
+        Ratio(0.5),
+        object(),
+    ],
+    ids=lambda value: type(value).__name__,
+)
+def test_types_that_are_not_json_are_refused_even_nested(value: object) -> None:
+    """Only the exact JSON types pass; enums, UUIDs, subclasses and the rest are refused."""
+    for wrapped in (value, [1, value], {"a": {"b": [value]}}):
+        assert type(value).__name__ in str(refusal(wrapped).detail)
+
+
+@pytest.mark.parametrize("value", [{1: "a"}, {None: 1}, {("a",): 1}, {Mode.FAST: 1}, {Name("k"): 1}])
+def test_keys_that_are_not_exact_str_are_refused(value: dict[Any, Any]) -> None:
+    """Object keys must be str (JavaScript would have turned them into text)."""
+    assert "key" in str(refusal({"outer": [value]}).detail)
+
+
+# -- numbers ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("number", "text"),
+    [
+        (0.0, "0"),
+        (-0.0, "0"),
+        (100.0, "100"),
+        (-5.0, "-5"),
+        (1e15, "1000000000000000"),
+        (1e16, "10000000000000000"),
+        (1.5e20, "150000000000000000000"),
+        (1e21, "1e+21"),
+        (-1.5e21, "-1.5e+21"),
+        (0.1, "0.1"),
+        (0.30000000000000004, "0.30000000000000004"),
+        (1e-5, "0.00001"),
+        (1e-6, "0.000001"),
+        (-1.5e-6, "-0.0000015"),
+        (1e-7, "1e-7"),
+        (1.5e-7, "1.5e-7"),
+        (5e-324, "5e-324"),
+        (1.7976931348623157e308, "1.7976931348623157e+308"),
+        (2**53, "9007199254740992"),
+        (2**53 + 1, "9007199254740992"),
+        (-(2**53) - 1, "-9007199254740992"),
+        (10**21, "1e+21"),
+        (123456789012345678901, "123456789012345680000"),
+    ],
+)
+def test_numbers_print_as_ecmascript_number_to_string(number: float, text: str) -> None:
+    """Floats and ints beyond 2**53 print as JSON.stringify prints the double, wherever they are."""
+    assert canonical_json(number) == text.encode()
+    assert canonical_json([number, "x"]) == f'[{text},"x"]'.encode()
+    assert canonical_json({"n": number}) == f'{{"n":{text}}}'.encode()
+
+
+@pytest.mark.parametrize("number", [math.nan, math.inf, -math.inf, 10**400])
+def test_nan_infinity_and_ints_beyond_a_double_are_refused(number: float) -> None:
+    """JSON has no NaN or Infinity (JavaScript's canonicalJson throws on them)."""
+    assert "$[1].*[0]" in str(refusal([0, {"k": [number]}]).detail)
+
+
+def test_error_details_never_show_object_keys() -> None:
+    """Keys are state data (a session id, say), so the place is named without them."""
+    detail = str(refusal({"session-4f2a9c": {"score": math.nan}}).detail)
+    assert "session" not in detail
+    assert "score" not in detail
+    assert "$.*.*" in detail
+
+
+# -- strings and keys -------------------------------------------------------------------------
+
+
+def test_strings_are_escaped_as_json_stringify_escapes_them() -> None:
+    """Short escapes, lowercase \\u00xx for other controls, everything else raw UTF-8."""
+    text = '\x00\x08\x0c\n\r\t\x1f\x7f"\\/\u2028é😀'
+    want = '"\\u0000\\b\\f\\n\\r\\t\\u001f\x7f\\"\\\\/\u2028é😀"'
+    assert canonical_json(text) == want.encode()
+
+
+def test_lone_surrogates_are_escaped_and_split_pairs_joined() -> None:
+    """A Python str is read as UTF-16: lone surrogates print as \\udxxx, a split pair as its character."""
+    assert canonical_json(["\ud800", "a\udc00b"]) == b'["\\ud800","a\\udc00b"]'
+    assert canonical_json("\ud83d\ude00") == '"😀"'.encode()
+    assert canonical_json({"\udc00": 1, "\ud800\udc00": 2}) == '{"𐀀":2,"\\udc00":1}'.encode()
+
+
+def test_keys_sort_by_utf16_code_units() -> None:
+    """U+1F600 (D83D DE00 in UTF-16) sorts before U+E000, unlike by code point."""
+    value = {"\ue000": 1, "😀": 2, "a": 3, "\uffff": 4}
+    assert canonical_json(value) == '{"a":3,"😀":2,"\ue000":1,"\uffff":4}'.encode()
+
+
+def test_keys_that_are_one_string_in_utf16_are_refused() -> None:
+    """A split surrogate pair and the character it encodes would be one JavaScript key."""
+    assert "UTF-16" in str(refusal({"😀": 1, "\ud83d\ude00": 2}).detail)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [100.0, '":1.0,"', '":2.0]', 1e16, ":3e+16}"],
+        {"a.0,": 1.0, "k": ['x":4.0,', "\\", 5.0]},
+        ['\\":6.0,', '\\\\":7.0]', 8.0, "\\"],
+    ],
+)
+def test_float_text_inside_strings_is_never_rewritten(value: object) -> None:
+    """Only number tokens are rewritten, never text in a string that looks like one."""
+    assert fast(value) == exact(value) == canonical_json(value)
+    assert json.loads(canonical_json(value)) == json.loads(json.dumps(value))
+
+
+# -- structure --------------------------------------------------------------------------------
+
+
+def test_shared_values_are_not_cycles() -> None:
+    """The same list twice is fine; only a value inside itself is a cycle."""
+    shared = [1.0]
+    assert canonical_json({"a": shared, "b": [shared, shared]}) == b'{"a":[1],"b":[[1],[1]]}'
+
+
+def test_cycles_are_refused() -> None:
+    """A list or dict that contains itself cannot be encoded."""
+    looped: list[Any] = [1]
+    looped.append({"again": looped})
+    assert "cycle" in str(refusal(looped).detail)
+    mapping: dict[str, Any] = {}
+    mapping["self"] = mapping
+    assert "cycle" in str(refusal([mapping]).detail)
+
+
+def test_nesting_to_max_depth_encodes_and_one_more_level_is_refused() -> None:
+    """Deep values give a clear error at MAX_DEPTH, never a RecursionError."""
+    assert canonical_json(nested_lists(MAX_DEPTH)) == b"[" * MAX_DEPTH + b"]" * MAX_DEPTH
+    assert f"deeper than {MAX_DEPTH}" in str(refusal(nested_lists(MAX_DEPTH + 1)).detail)
+    deep: dict[str, Any] = {}
+    inner = deep
+    for _ in range(5 * MAX_DEPTH):
+        inner["k"] = inner = {}
+    assert "deeper" in str(refusal(deep).detail)
+
+
+def test_values_deeper_than_orjson_goes_match_the_exact_encoder() -> None:
+    """orjson stops at 255 levels; the fast encoder then encodes the top levels itself."""
+    value = {"wide": list(range(50)), "deep": nested_lists(300), "f": [2.0]}
+    assert fast(value) == exact(value)
+
+
+def test_a_lone_surrogate_or_big_int_deep_in_a_large_value_is_encoded_in_place() -> None:
+    """Only the subtree orjson refuses is taken apart; the result is the exact encoding."""
+    records: list[dict[str, Any]] = [{"id": n, "name": f"r{n}", "score": n / 4} for n in range(500)]
+    records[321]["name"] = "bad \udc80 text"
+    records[400]["id"] = 2**60
+    assert fast(records) == exact(records)
+
+
+def test_orders_that_differ_in_utf16_deep_in_a_large_value() -> None:
+    """Astral and U+E000..U+FFFF text anywhere makes the fast encoder check key order."""
+    records = [{"\ue001": n, "😀": "x", "n": "\ufb01"} for n in range(300)]
+    assert fast(records) == exact(records)
+    assert fast(records).startswith('[{"n":"\ufb01","😀":"x","\ue001":0}'.encode())
+
+
+def test_state_digest_is_sha256_of_the_canonical_bytes() -> None:
+    """The digest is "sha256:" and 64 lowercase hex digits."""
+    value = {"b": [1.5, None], "a": "é"}
+    digest = state_digest(value)
+    assert re.fullmatch("sha256:[0-9a-f]{64}", digest)
+    assert digest == "sha256:" + hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+# -- the two encoders -------------------------------------------------------------------------
+
+
+def test_orjson_prints_floats_as_the_fast_encoder_expects() -> None:
+    """If an orjson release changes its float format, the fast encoder switches itself off."""
+    assert _canonical._ORJSON_FLOATS_AS_EXPECTED
+
+
+def test_exact_encoder_passes_every_canonical_vector() -> None:
+    """The reference encoder alone matches the seed on every vector."""
+    for vector in vectors("canonical"):
+        want = expected(vector)
+        value = json.loads(vector["input"]["json"])
+        if "throws" in want:
+            with pytest.raises(StateInputInvalid):
+                exact(value)
+        else:
+            assert exact(value) == want["canonical"].encode(), vector["id"]
+
+
+_TRICKY = '\x00\x1f\x7f"\\/:,.0123456789e+-[]{} aé\u2028\ue000\uffff😀\U0010ffff\ud800\udc00\ud83d\ude00'
+_TEXT = st.text(st.sampled_from(list(_TRICKY)) | st.characters(exclude_categories=()), max_size=8)
+_FLOATS = st.floats() | st.sampled_from(
+    [0.0, -0.0, 100.0, 1e15, 1e16, 1.5e16, 1e21, 1e-5, 1e-6, 1.5e-6, 1e-7, 5e-324, 0.1]
+)
+_INTS = st.integers(-(2**1030), 2**1030) | st.sampled_from([2**53, 2**53 + 1, -(2**53) - 1])
+_LEAVES = st.none() | st.booleans() | _INTS | _FLOATS | _TEXT
+_VALUES = st.recursive(
+    _LEAVES,
+    lambda children: (
+        st.lists(children, max_size=6)
+        | st.lists(children, max_size=3).map(tuple)
+        | st.dictionaries(_TEXT, children, max_size=6)
+    ),
+    max_leaves=40,
+)
+
+
+def _outcome(encode: Any, value: object) -> bytes | str:
+    try:
+        result: bytes = encode(value)
+    except StateInputInvalid as refused:
+        return refused.code
+    except _canonical._Refused:  # the fast encoder leaves the verdict to the exact one
+        return "RUNTIME_STATE_VALUE_INVALID"
+    return result
+
+
+@settings(max_examples=500, database=None)
+@given(_VALUES)
+def test_fast_encoder_gives_the_exact_encoders_bytes(value: object) -> None:
+    """On random JSON values (floats, big ints, astral and surrogate text) both agree."""
+    assert _outcome(canonical_json, value) == _outcome(fast, value) == _outcome(exact, value)
