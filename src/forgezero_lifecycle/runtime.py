@@ -32,10 +32,11 @@ from starlette.applications import Starlette
 from ._clock import Clock, SystemClock
 from ._errors import ConfigurationError
 from .asgi._types import ASGIApp, Scope
-from .asgi.control import ControlApp, HandoffControl
+from .asgi.control import ControlApp
 from .asgi.middleware import InFlightMiddleware
 from .core.drain import DrainController
 from .core.gate import IntakeGate
+from .core.handoff import StateAdapter, StateHandoffController
 from .core.participant import WorkParticipant
 from .wire.drain import WorkCounters
 
@@ -60,7 +61,7 @@ class Runtime:
         control_token: str | None = None,
         handoff_token: str | None = None,
         revision: str | None = None,
-        state_adapter: Any | None = None,
+        state_adapter: StateAdapter[Any] | None = None,
         not_ready_grace: float = 0.0,
         stream_grace: float = 5.0,
         websocket_close_code: int = 1012,
@@ -94,11 +95,9 @@ class Runtime:
         self._timeout = 0.0
         self._closer: asyncio.Task[None] | None = None
         self.drain = DrainController(_Dependencies(self), revision=revision)
-        self.handoff: HandoffControl | None = None
+        self.handoff: StateHandoffController[Any] | None = None
         if state_adapter is not None:
-            from .core.handoff import StateHandoffController
-
-            self.handoff = StateHandoffController(state_adapter)
+            self.handoff = StateHandoffController(state_adapter, clock=self._clock)
         self.control = ControlApp(
             drain=self.drain,
             handoff=self.handoff,
@@ -139,6 +138,11 @@ class Runtime:
             websocket_close_code=self._close_code,
         )
         app.state.forgezero_runtime = self
+
+    async def aclose(self) -> None:
+        """Release what the runtime owns: a handoff fetch still running is cancelled (failed)."""
+        if self.handoff is not None:
+            await self.handoff.aclose()
 
     def counters(self) -> WorkCounters:
         """Live in-flight counts per kind, as drain status reports them."""

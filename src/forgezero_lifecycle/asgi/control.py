@@ -35,23 +35,16 @@ from .._errors import (
     Unauthorized,
 )
 from ..core.drain import DrainController
+from ..core.handoff import StateHandoffController
 from ..wire import paths
 from ._types import Receive, Scope, Send
 
-__all__ = ["MAX_CONTROL_BODY_BYTES", "ControlApp", "HandoffControl", "status_for"]
+__all__ = ["MAX_CONTROL_BODY_BYTES", "ControlApp", "status_for"]
 
 logger = logging.getLogger("forgezero_lifecycle.control")
 
 MAX_CONTROL_BODY_BYTES: Final = 16 * 1024
 _LOOPBACK: Final = frozenset({"127.0.0.1", "::1"})
-
-
-class HandoffControl:
-    """What the control plane needs of a state handoff controller (structural)."""
-
-    async def export_state(self, source_revision: object, target_revision: object) -> Any: ...
-    def begin(self, request: object, timeout_ms: object) -> Any: ...
-    def status(self, nonce: object) -> Any: ...
 
 
 def status_for(error: LifecycleError) -> int:
@@ -93,7 +86,7 @@ class ControlApp:
         intake_closed: Callable[[], bool],
         control_token: str | None,
         handoff_token: str | None = None,
-        handoff: HandoffControl | None = None,
+        handoff: StateHandoffController[Any] | None = None,
         schedules: Callable[[], object] | None = None,
         loopback_only: bool = False,
     ) -> None:
@@ -209,7 +202,7 @@ class ControlApp:
     async def _live(self, request: Request) -> Response:
         return _json({"live": True}, 200)
 
-    def _require_handoff(self) -> HandoffControl:
+    def _require_handoff(self) -> StateHandoffController[Any]:
         if self._handoff is None:
             raise StateNotFound(detail="this runtime has no state adapter")
         return self._handoff
@@ -253,8 +246,12 @@ def _error(error: LifecycleError) -> Response:
 
 
 def _json(content: object, status: int) -> Response:
+    return _json_bytes(orjson.dumps(content), status)
+
+
+def _json_bytes(body: bytes, status: int) -> Response:
     return Response(
-        orjson.dumps(content),
+        body,
         status_code=status,
         media_type="application/json",
         headers={"Cache-Control": "no-store"},

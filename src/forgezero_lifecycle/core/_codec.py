@@ -1,0 +1,182 @@
+"""Sealing and opening state envelopes for one adapter: the handoff's checks, without I/O.
+
+The order of the checks is the seed's, so the first failing check names the error:
+
+* seal (export): cursor, then the value against its model (``RUNTIME_STATE_EXPORT_INVALID``),
+  then canonical JSON (``RUNTIME_STATE_VALUE_INVALID``), then the size
+  (``RUNTIME_STATE_EXPORT_TOO_LARGE``);
+* open (import): the envelope's fields and the value against its model
+  (``RUNTIME_STATE_ENVELOPE_INVALID``), canonical JSON (``RUNTIME_STATE_VALUE_INVALID``), the
+  digest (``RUNTIME_STATE_DIGEST_MISMATCH``), then the size (port rule D8,
+  ``RUNTIME_STATE_ENVELOPE_TOO_LARGE``), so a state that exports also imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, final
+
+from pydantic import BaseModel
+
+from .._canonical import canonical_json, state_digest
+from .._errors import LifecycleError, StateExportError, StateInputInvalid, StateTransferFailed
+from ..wire.handoff import (
+    CURSOR_PATTERN,
+    DIGEST_PATTERN,
+    HANDOFF_TEXT_PATTERN,
+    MAX_SCHEMA_VERSION,
+    MAX_STATE_BYTES,
+    StateEnvelope,
+    StateHandoffRequest,
+    StateImportContext,
+)
+from ._state_value import accepts, adapter_int, dumped, load, refuse_secret_fields
+
+__all__ = ["StateCodec"]
+
+T = TypeVar("T", bound=BaseModel)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class StateCodec(Generic[T]):
+    """An adapter's checked settings, and the envelope rules that follow from them."""
+
+    protocol: str
+    schema_version: int
+    maximum_bytes: int
+    model: type[T]
+
+    @classmethod
+    def of(cls, adapter: object) -> StateCodec[Any]:
+        """Check an adapter's settings (``RUNTIME_STATE_ADAPTER_INVALID``) and keep them."""
+        protocol = getattr(adapter, "protocol", None)
+        if not isinstance(protocol, str) or HANDOFF_TEXT_PATTERN.fullmatch(protocol) is None:
+            raise StateInputInvalid(
+                "RUNTIME_STATE_ADAPTER_INVALID",
+                "protocol must match " + HANDOFF_TEXT_PATTERN.pattern,
+            )
+        model = getattr(adapter, "model", None)
+        schema_version = adapter_int(getattr(adapter, "schema_version", None), MAX_SCHEMA_VERSION)
+        maximum_bytes = adapter_int(getattr(adapter, "maximum_bytes", None), MAX_STATE_BYTES)
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise StateInputInvalid(
+                "RUNTIME_STATE_ADAPTER_INVALID", "model must be a pydantic BaseModel subclass"
+            )
+        refuse_secret_fields(model)
+        return StateCodec(protocol, schema_version, maximum_bytes, model)
+
+    def seal(self, cursor: object, value: object, source: str, target: str) -> StateEnvelope:
+        """The envelope of an exported ``(cursor, value)``, digest included."""
+        if not isinstance(cursor, str) or CURSOR_PATTERN.fullmatch(cursor) is None:
+            raise _export_invalid("the cursor must match " + CURSOR_PATTERN.pattern)
+        if not isinstance(value, self.model):
+            raise _export_invalid(f"the value must be a {self.model.__name__}")
+        data = self._dumped(value)
+        unsigned = self._unsigned(cursor, data, source, target, self.schema_version)
+        encoded = self._canonical(unsigned, data, _export_invalid("the value fails its model"))
+        try:
+            load(self.model, canonical_json(data))
+        except ValueError:
+            raise _export_invalid("the value's JSON does not validate as its model") from None
+        if len(encoded) > self.maximum_bytes:
+            raise StateExportError(
+                "RUNTIME_STATE_EXPORT_TOO_LARGE",
+                f"{len(encoded)} bytes of canonical JSON, the limit is {self.maximum_bytes}",
+            )
+        return StateEnvelope.model_validate({**unsigned, "digest": state_digest(unsigned)})
+
+    def open(
+        self, request: StateHandoffRequest, envelope: dict[str, Any]
+    ) -> tuple[T, StateImportContext]:
+        """The typed value of a fetched envelope and the context to import it with."""
+        cursor, digest = envelope.get("cursor"), envelope.get("digest")
+        schema = envelope.get("schemaVersion")
+        if not (
+            _is_text(envelope.get("protocol"), request.protocol)
+            and isinstance(schema, int | float)
+            and not isinstance(schema, bool)
+            and schema == request.schema_version
+            and _is_text(envelope.get("sourceRevision"), request.source_revision)
+            and _is_text(envelope.get("targetRevision"), request.target_revision)
+            and isinstance(cursor, str)
+            and CURSOR_PATTERN.fullmatch(cursor) is not None
+            and isinstance(digest, str)
+            and DIGEST_PATTERN.fullmatch(digest) is not None
+        ):
+            raise _envelope_invalid()
+        if "value" not in envelope:
+            # The seed validates `undefined`, then cannot canonicalise it: a model that accepts
+            # null (the nearest value it can be asked about) gets VALUE_INVALID, as in the seed.
+            raise _value_invalid() if accepts(self.model, None) else _envelope_invalid()
+        value = envelope["value"]
+        source, target = request.source_revision, request.target_revision
+        unsigned = self._unsigned(cursor, value, source, target, schema)
+        encoded = self._canonical(unsigned, value, _envelope_invalid())
+        try:
+            typed = load(self.model, canonical_json(value))
+        except ValueError:
+            raise _envelope_invalid() from None
+        if state_digest(unsigned) != digest:
+            raise StateTransferFailed("RUNTIME_STATE_DIGEST_MISMATCH")
+        if len(encoded) > self.maximum_bytes:
+            raise StateTransferFailed("RUNTIME_STATE_ENVELOPE_TOO_LARGE")
+        context = StateImportContext(
+            source_revision=source, target_revision=target, cursor=cursor, digest=digest
+        )
+        return typed, context
+
+    def _unsigned(
+        self, cursor: str, value: object, source: str, target: str, schema: object
+    ) -> dict[str, object]:
+        return {
+            "protocol": self.protocol,
+            "schemaVersion": schema,
+            "sourceRevision": source,
+            "targetRevision": target,
+            "cursor": cursor,
+            "value": value,
+        }
+
+    def _dumped(self, value: BaseModel) -> Any:
+        """The value as JSON data (by alias), checked against its model as the seed's validate.
+
+        pydantic's JSON mode cannot dump some valid JSON (a dict key with a lone surrogate):
+        the Python dump is used then, and canonical JSON refuses whatever is not JSON data.
+        """
+        try:
+            return dumped(value)
+        except Exception:
+            pass
+        try:
+            data = value.model_dump(by_alias=True)
+        except Exception:
+            raise _value_invalid() from None
+        if not accepts(self.model, data):
+            raise _export_invalid("the value fails its model")
+        return data
+
+    def _canonical(self, unsigned: object, value: object, refused: LifecycleError) -> bytes:
+        """canonical_json of ``unsigned``; a value the model refuses fails as ``refused`` first."""
+        try:
+            return canonical_json(unsigned)
+        except StateInputInvalid:
+            if not accepts(self.model, value):
+                raise refused from None
+            raise
+
+
+def _is_text(value: object, expected: str) -> bool:
+    return isinstance(value, str) and value == expected
+
+
+def _export_invalid(detail: str) -> StateExportError:
+    return StateExportError("RUNTIME_STATE_EXPORT_INVALID", detail)
+
+
+def _envelope_invalid() -> StateTransferFailed:
+    return StateTransferFailed("RUNTIME_STATE_ENVELOPE_INVALID")
+
+
+def _value_invalid() -> StateInputInvalid:
+    return StateInputInvalid("RUNTIME_STATE_VALUE_INVALID")

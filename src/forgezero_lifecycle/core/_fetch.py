@@ -1,0 +1,151 @@
+"""Fetch the handoff envelope: one GET, no redirects, a bounded streamed read, a strict body.
+
+Port rules kept here (``tests/conformance/vectors.json`` ``meta.format_notes.port_rules``):
+
+* D4: redirects are never followed; any status outside 200-299, 3xx included, fails
+  ``RUNTIME_STATE_SOURCE_HTTP_<status>`` after exactly one request.
+* D5/D8: the body is read as it arrives and counted *after* content decoding (``gzip``,
+  ``x-gzip`` and ``deflate`` are decoded here with a bounded output size, so a compression bomb
+  never inflates past the limit); reading stops as soon as more than ``limit`` bytes arrived, and
+  a ``Content-Length`` announcing more fails before the body is read:
+  ``RUNTIME_STATE_SOURCE_TOO_LARGE``.
+* D6: strict UTF-8 (one leading BOM skipped), strict JSON (no ``NaN``/``Infinity``), an object at
+  the top level; anything else is ``RUNTIME_STATE_ENVELOPE_INVALID``.
+* D7: refused, reset or truncated connections are ``RUNTIME_STATE_SOURCE_UNREACHABLE``; the
+  caller owns the deadline (``RUNTIME_STATE_TIMEOUT``).
+
+The JSON parser is the standard library's rather than orjson, because the envelope must parse
+exactly what ``JSON.parse`` accepts: lone surrogate escapes, numbers beyond the double range
+(they become ``inf`` and then fail canonical JSON with ``RUNTIME_STATE_VALUE_INVALID``, as in
+JavaScript) and integers of any length. orjson refuses all three.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from typing import Any, Final
+
+import httpx
+
+from .._errors import StateTransferFailed
+
+__all__ = ["fetch_document", "parse_document"]
+
+_LENGTH: Final = re.compile(r"[0-9]+")
+_BOM: Final = b"\xef\xbb\xbf"
+
+
+async def fetch_document(
+    url: str, authorization: str, *, transport: httpx.AsyncBaseTransport | None, limit: int
+) -> dict[str, Any]:
+    """GET ``url`` with ``Authorization`` and return the envelope as a parsed JSON object."""
+    # Only the Authorization header is set, as the seed does; httpx adds Host. No client
+    # defaults (Accept-Encoding, User-Agent...) since the request is built directly.
+    request = httpx.Request("GET", url, headers={"Authorization": authorization})
+    try:
+        # trust_env=False: no proxy or netrc from the environment for a loopback fetch.
+        async with httpx.AsyncClient(
+            transport=transport, follow_redirects=False, trust_env=False, timeout=None
+        ) as client:
+            response = await client.send(request, stream=True, follow_redirects=False)
+            try:
+                body = await _read_body(response, limit)
+            finally:
+                await response.aclose()
+    except httpx.TimeoutException:
+        raise StateTransferFailed("RUNTIME_STATE_TIMEOUT") from None
+    except (httpx.TransportError, OSError):
+        raise StateTransferFailed("RUNTIME_STATE_SOURCE_UNREACHABLE") from None
+    return parse_document(body)
+
+
+async def _read_body(response: httpx.Response, limit: int) -> bytes:
+    if not 200 <= response.status_code <= 299:
+        raise StateTransferFailed(f"RUNTIME_STATE_SOURCE_HTTP_{response.status_code}")
+    announced = response.headers.get("content-length", "")
+    if _LENGTH.fullmatch(announced) and int(announced) > limit:
+        raise StateTransferFailed("RUNTIME_STATE_SOURCE_TOO_LARGE")
+    decoders = [_Inflater(c) for c in _codings(response.headers.get_list("content-encoding"))]
+    body = bytearray()
+    async for raw in response.aiter_raw():
+        chunk = raw
+        for decoder in decoders:
+            chunk = decoder.feed(chunk, limit - len(body))
+        body += chunk
+        if len(body) > limit:
+            raise StateTransferFailed("RUNTIME_STATE_SOURCE_TOO_LARGE")
+    if not all(decoder.finished for decoder in decoders):
+        raise StateTransferFailed("RUNTIME_STATE_ENVELOPE_INVALID")
+    return bytes(body)
+
+
+def _codings(values: list[str]) -> list[str]:
+    """The codings to undo, outermost first; unknown ones stop decoding (the body stays raw)."""
+    applied = [c.strip().lower() for v in values for c in v.split(",") if c.strip()]
+    applied = [c for c in applied if c != "identity"]
+    if any(c not in ("gzip", "x-gzip", "deflate") for c in applied):
+        return []
+    return applied[::-1]
+
+
+class _Inflater:
+    """zlib decoding whose output never exceeds what the caller still has room for (+1 byte)."""
+
+    def __init__(self, coding: str) -> None:
+        self._gzip = coding != "deflate"
+        self._raw_fallback = not self._gzip
+        self._z = self._new(16 + zlib.MAX_WBITS if self._gzip else zlib.MAX_WBITS)
+
+    @staticmethod
+    def _new(wbits: int) -> Any:
+        return zlib.decompressobj(wbits)
+
+    @property
+    def finished(self) -> bool:
+        return bool(self._z.eof)
+
+    def feed(self, data: bytes, room: int) -> bytes:
+        out = bytearray()
+        while data and len(out) <= room:
+            try:
+                out += self._z.decompress(data, room + 1 - len(out))
+            except zlib.error:
+                if not self._raw_fallback:
+                    raise StateTransferFailed("RUNTIME_STATE_ENVELOPE_INVALID") from None
+                # "deflate" without the zlib wrapper, as some servers send it.
+                self._raw_fallback = False
+                self._z = self._new(-zlib.MAX_WBITS)
+                continue
+            self._raw_fallback = False
+            if self._z.eof and self._gzip and self._z.unused_data:
+                data = self._z.unused_data  # the next gzip member
+                self._z = self._new(16 + zlib.MAX_WBITS)
+            else:
+                data = self._z.unconsumed_tail
+        return bytes(out)
+
+
+def parse_document(body: bytes) -> dict[str, Any]:
+    """Decode a body strictly (port rule D6) and return its top-level JSON object."""
+    if body.startswith(_BOM):
+        body = body[len(_BOM) :]
+    try:
+        document = json.loads(
+            body.decode("utf-8"), parse_constant=_refuse_constant, parse_int=_parse_int
+        )
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
+        raise StateTransferFailed("RUNTIME_STATE_ENVELOPE_INVALID") from None
+    if not isinstance(document, dict):
+        raise StateTransferFailed("RUNTIME_STATE_ENVELOPE_INVALID")
+    return document
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_int(text: str) -> int | float:
+    # JSON.parse reads every number as a double; past the double range that is Infinity.
+    return int(text) if len(text) <= 400 else float(text)

@@ -1,0 +1,224 @@
+"""The host of a special URL, parsed and serialised as the WHATWG URL standard does.
+
+IPv6 addresses in brackets (compressed on output), IPv4 in every form the standard reads
+(``127.1``, ``0x7f.1``, ``2130706433``, ``0177.0.0.1``, a trailing dot), and domains through
+percent-decoding and UTS #46 mapping (``LOCALHOST``, fullwidth letters, a soft hyphen). Domains
+that stay non-ASCII or hold an ``xn--`` label are refused rather than Punycode-encoded: the
+caller accepts only loopback names, and no such domain can serialise to one.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import idna
+
+__all__ = ["UrlInvalid", "parse_host"]
+
+_HEX: Final = frozenset("0123456789abcdefABCDEF")
+_DIGITS: Final = frozenset("0123456789")
+_OCTAL: Final = frozenset("01234567")
+_FORBIDDEN_HOST: Final = frozenset("\x00\t\n\r #/:<>?@[\\]^|")
+_FORBIDDEN_DOMAIN: Final = _FORBIDDEN_HOST | frozenset(map(chr, range(0x20))) | {"%", "\x7f"}
+
+
+class UrlInvalid(Exception):
+    """The WHATWG parser returned failure."""
+
+
+def parse_host(text: str) -> str:
+    """The serialised host of a special URL (``http``), or raise :class:`UrlInvalid`."""
+    if text.startswith("["):
+        if not text.endswith("]"):
+            raise UrlInvalid
+        return "[" + _ipv6_serialize(_ipv6_parse(text[1:-1])) + "]"
+    domain = _percent_decode(text).decode("utf-8", "replace")
+    try:
+        mapped = idna.uts46_remap(domain, std3_rules=False, transitional=False)
+    except (idna.IDNAError, ValueError):
+        raise UrlInvalid from None
+    # A label left non-ASCII becomes "xn--...", and an "xn--" label stays one: neither is ever
+    # a loopback name or an IPv4 number, so both are refused here without Punycode.
+    if not mapped or not mapped.isascii() or any(s.startswith("xn--") for s in mapped.split(".")):
+        raise UrlInvalid
+    if any(c in _FORBIDDEN_DOMAIN for c in mapped):
+        raise UrlInvalid
+    if _ends_in_number(mapped):
+        address = _ipv4_parse(mapped)
+        return ".".join(str(address >> shift & 0xFF) for shift in (24, 16, 8, 0))
+    return mapped
+
+
+def _percent_decode(text: str) -> bytes:
+    data = text.encode("utf-8")
+    out = bytearray()
+    i = 0
+    while i < len(data):
+        byte = data[i]
+        pair = data[i + 1 : i + 3].decode("latin-1")
+        if byte == 0x25 and len(pair) == 2 and all(c in _HEX for c in pair):
+            out.append(int(pair, 16))
+            i += 3
+        else:
+            out.append(byte)
+            i += 1
+    return bytes(out)
+
+
+def _ends_in_number(domain: str) -> bool:
+    parts = domain.split(".")
+    if parts[-1] == "":
+        if len(parts) == 1:
+            return False
+        parts.pop()
+    last = parts[-1]
+    if last and all(c in _DIGITS for c in last):
+        return True
+    return _ipv4_number(last) is not None
+
+
+def _ipv4_number(part: str) -> int | None:
+    if not part:
+        return None
+    digits, radix = _DIGITS, 10
+    if part[:2] in ("0x", "0X"):
+        part, digits, radix = part[2:], _HEX, 16
+    elif len(part) >= 2 and part[0] == "0":
+        part, digits, radix = part[1:], _OCTAL, 8
+    if not part:
+        return 0
+    if any(c not in digits for c in part):
+        return None
+    return int(part, radix)
+
+
+def _ipv4_parse(domain: str) -> int:
+    parts = domain.split(".")
+    if parts[-1] == "" and len(parts) > 1:
+        parts.pop()
+    if len(parts) > 4:
+        raise UrlInvalid
+    numbers: list[int] = []
+    for part in parts:
+        number = _ipv4_number(part)
+        if number is None:
+            raise UrlInvalid
+        numbers.append(number)
+    if any(n > 255 for n in numbers[:-1]) or numbers[-1] >= 256 ** (5 - len(numbers)):
+        raise UrlInvalid
+    address = numbers[-1]
+    for i, n in enumerate(numbers[:-1]):
+        address += n * 256 ** (3 - i)
+    return address
+
+
+def _ipv6_parse(text: str) -> list[int]:
+    address = [0] * 8
+    piece = 0
+    compress: int | None = None
+    i = 0
+    n = len(text)
+
+    def at(k: int) -> str:
+        return text[k] if k < n else ""
+
+    if at(0) == ":":
+        if at(1) != ":":
+            raise UrlInvalid
+        i, piece, compress = 2, 1, 1
+    while i < n:
+        if piece == 8:
+            raise UrlInvalid
+        if text[i] == ":":
+            if compress is not None:
+                raise UrlInvalid
+            i += 1
+            piece += 1
+            compress = piece
+            continue
+        value = length = 0
+        while length < 4 and at(i) in _HEX:
+            value = value * 16 + int(text[i], 16)
+            i += 1
+            length += 1
+        if at(i) == ".":
+            if length == 0 or piece > 6:
+                raise UrlInvalid
+            i -= length
+            piece = _ipv6_embedded_ipv4(text, i, address, piece)
+            i = n
+            break
+        if at(i) == ":":
+            i += 1
+            if i == n:
+                raise UrlInvalid
+        elif i < n:
+            raise UrlInvalid
+        address[piece] = value
+        piece += 1
+    if compress is not None:
+        swaps = piece - compress
+        piece = 7
+        while piece != 0 and swaps > 0:
+            other = compress + swaps - 1
+            address[piece], address[other] = address[other], address[piece]
+            piece -= 1
+            swaps -= 1
+    elif piece != 8:
+        raise UrlInvalid
+    return address
+
+
+def _ipv6_embedded_ipv4(text: str, i: int, address: list[int], piece: int) -> int:
+    numbers_seen = 0
+    while i < len(text):
+        if numbers_seen > 0:
+            if text[i] != "." or numbers_seen >= 4:
+                raise UrlInvalid
+            i += 1
+        if i >= len(text) or text[i] not in _DIGITS:
+            raise UrlInvalid
+        value: int | None = None
+        while i < len(text) and text[i] in _DIGITS:
+            if value == 0:
+                raise UrlInvalid
+            value = int(text[i]) if value is None else value * 10 + int(text[i])
+            if value > 255:
+                raise UrlInvalid
+            i += 1
+        assert value is not None
+        address[piece] = address[piece] * 0x100 + value
+        numbers_seen += 1
+        if numbers_seen in (2, 4):
+            piece += 1
+    if numbers_seen != 4:
+        raise UrlInvalid
+    return piece
+
+
+def _ipv6_serialize(address: list[int]) -> str:
+    compress: int | None = None
+    best = 1
+    i = 0
+    while i < 8:
+        if address[i] == 0:
+            j = i
+            while j < 8 and address[j] == 0:
+                j += 1
+            if j - i > best:
+                compress, best = i, j - i
+            i = j
+        else:
+            i += 1
+    out = ""
+    ignore_zero = False
+    for k, piece in enumerate(address):
+        if ignore_zero and piece == 0:
+            continue
+        ignore_zero = False
+        if compress == k:
+            out += "::" if k == 0 else ":"
+            ignore_zero = True
+            continue
+        out += f"{piece:x}" + (":" if k != 7 else "")
+    return out

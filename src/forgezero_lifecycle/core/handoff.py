@@ -1,0 +1,244 @@
+"""Typed state handoff: the seed's ``RuntimeStateHandoffController`` with a pydantic adapter.
+
+The old generation serves its state through :meth:`StateHandoffController.export_state` (the
+control app's export endpoint); the new generation is told by the orchestrator to
+:meth:`~StateHandoffController.begin` fetching it. The transfer is typed (a pydantic model),
+versioned (``protocol`` and ``schema_version`` must match), size-bounded (``maximum_bytes`` of
+canonical JSON, the same limit on export and import), digest-checked, fetched only from a
+loopback ``http`` URL, never through a redirect, within one deadline, and imported exactly once.
+The orchestrator only ever sees the cursor and digest, never the value.
+
+The seed's codes, and the port rules D1-D9 of the conformance vectors, apply throughout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import Generic, Protocol, TypeVar, cast, final
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from .._clock import Clock, SystemClock
+from .._errors import (
+    LifecycleError,
+    StateConflict,
+    StateExportError,
+    StateInputInvalid,
+    StateNotFound,
+    StateTransferFailed,
+)
+from ..wire._types import is_nonce, is_revision, safe_int
+from ..wire.handoff import (
+    SOURCE_SLACK_BYTES,
+    StateEnvelope,
+    StateHandoffRequest,
+    StateHandoffStatus,
+    StateImportContext,
+)
+from ._codec import StateCodec
+from ._fetch import fetch_document
+from ._loopback import loopback_source
+from ._state_value import failure_text
+
+__all__ = ["StateAdapter", "StateHandoffController"]
+
+T = TypeVar("T", bound=BaseModel)
+R = TypeVar("R")
+
+logger = logging.getLogger("forgezero_lifecycle.handoff")
+
+
+class StateAdapter(Protocol[T]):
+    """What the application provides: its state as a pydantic model, exported and imported.
+
+    ``model`` must not contain ``SecretStr``/``SecretBytes``/``Secret`` fields at any depth.
+    """
+
+    @property
+    def protocol(self) -> str:
+        """A name matching ``[A-Za-z0-9][A-Za-z0-9_.:@/-]{0,127}``, such as ``demo.counter``."""
+        ...
+
+    @property
+    def schema_version(self) -> int:
+        """1 to 65535; both generations must agree."""
+        ...
+
+    @property
+    def maximum_bytes(self) -> int:
+        """Limit of the canonical JSON of the unsigned envelope, 1 to 1 MiB."""
+        ...
+
+    @property
+    def model(self) -> type[T]:
+        """The pydantic model of the value."""
+        ...
+
+    async def export_state(self) -> tuple[str, T]:
+        """Return ``(cursor, value)``; called once intake is closed."""
+        ...
+
+    async def import_state(self, value: T, context: StateImportContext) -> None:
+        """Install the validated value; called at most once per controller."""
+        ...
+
+
+@final
+class StateHandoffController(Generic[T]):
+    """One handoff per process: an exact retry of ``begin`` is a duplicate, anything else is
+    ``RUNTIME_STATE_ALREADY_STARTED``. The fetch runs in a task the controller owns.
+    """
+
+    def __init__(
+        self,
+        adapter: StateAdapter[T],
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self._codec: StateCodec[T] = cast("StateCodec[T]", StateCodec.of(adapter))
+        self._adapter = adapter
+        self._transport = transport
+        self._clock: Clock = SystemClock() if clock is None else clock
+        self._request: StateHandoffRequest | None = None
+        self._status: StateHandoffStatus | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._settled = asyncio.Event()
+
+    # -- the old generation: export -----------------------------------------------------------
+
+    async def export_state(self, source_revision: object, target_revision: object) -> StateEnvelope:
+        """The signed envelope of the adapter's current state (served by the export endpoint)."""
+        if not isinstance(source_revision, str) or not is_revision(source_revision):
+            raise StateInputInvalid("RUNTIME_STATE_REVISION_INVALID")
+        if not isinstance(target_revision, str) or not is_revision(target_revision):
+            raise StateInputInvalid("RUNTIME_STATE_REVISION_INVALID")
+        try:
+            cursor, value = await self._adapter.export_state()
+        except LifecycleError:
+            raise
+        except Exception as exc:
+            raise _export_invalid(f"export_state raised {type(exc).__name__}") from exc
+        return self._codec.seal(cursor, value, source_revision, target_revision)
+
+    # -- the new generation: begin, status -----------------------------------------------------
+
+    def begin(self, request: object, timeout_ms: object) -> dict[str, bool]:
+        """Validate, then start fetching in the background; never blocks. Needs a running loop."""
+        parsed = _parsed_request(request)
+        try:
+            timeout = safe_int(timeout_ms)
+        except ValueError:
+            timeout = 0
+        if (
+            parsed.protocol != self._codec.protocol
+            or parsed.schema_version != self._codec.schema_version
+            or not 100 <= timeout <= 600_000
+        ):
+            raise StateInputInvalid("RUNTIME_STATE_REQUEST_INVALID")
+        url = loopback_source(parsed.source.url)
+        if self._request is not None:
+            if parsed != self._request:
+                raise StateConflict("RUNTIME_STATE_ALREADY_STARTED")
+            return {"accepted": True, "duplicate": True}
+        loop = asyncio.get_running_loop()
+        self._request = parsed
+        self._status = _status(parsed, "pending")
+        self._task = loop.create_task(self._run(parsed, url, timeout / 1000))
+        return {"accepted": True, "duplicate": False}
+
+    def status(self, nonce: object) -> StateHandoffStatus:
+        if self._status is None or not is_nonce(nonce) or nonce != self._status.nonce:
+            raise StateNotFound("RUNTIME_STATE_NOT_FOUND")
+        return self._status
+
+    async def wait(self, nonce: object) -> StateHandoffStatus:
+        """Return the status once the handoff of ``nonce`` is acknowledged or failed."""
+        self.status(nonce)
+        await self._settled.wait()
+        return self.status(nonce)
+
+    async def aclose(self) -> None:
+        """Cancel a fetch or import still running (it ends failed); idempotent."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.wait({self._task})
+
+    # -- internals ------------------------------------------------------------------------------
+
+    async def _run(self, request: StateHandoffRequest, url: str, seconds: float) -> None:
+        try:
+            limit = self._codec.maximum_bytes + SOURCE_SLACK_BYTES
+            auth = request.source.authorization
+            fetch = fetch_document(url, auth, transport=self._transport, limit=limit)
+            document = await self._within(fetch, seconds)
+            value, context = self._codec.open(request, document)
+            try:
+                await self._adapter.import_state(value, context)
+            except LifecycleError:
+                raise
+            except Exception as exc:
+                self._settle(request, "failed", failure_text(str(exc)) or "RUNTIME_STATE_FAILED")
+                return
+            self._settle(request, "acknowledged", cursor=context.cursor, digest=context.digest)
+        except asyncio.CancelledError:
+            self._settle(request, "failed", "RUNTIME_STATE_FAILED")
+            raise
+        except LifecycleError as exc:
+            self._settle(request, "failed", exc.code)
+        except Exception:
+            logger.exception("state handoff %s failed unexpectedly", request.nonce)
+            self._settle(request, "failed", "RUNTIME_STATE_FAILED")
+
+    def _settle(
+        self, request: StateHandoffRequest, status: str, failure: str | None = None, **extra: str
+    ) -> None:
+        self._status = _status(request, status, failure=failure, **extra)
+        self._settled.set()
+        logger.info("state handoff %s %s %s", request.nonce, status, failure or "")
+
+    async def _within(self, work: Awaitable[R], seconds: float) -> R:
+        """``work`` raced against the clock; on the deadline it is cancelled and awaited."""
+        task = asyncio.ensure_future(work)
+        timer = asyncio.ensure_future(self._clock.sleep(seconds))
+        try:
+            await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            task.cancel()
+            await asyncio.wait({task, timer})
+        if task.cancelled():
+            raise StateTransferFailed("RUNTIME_STATE_TIMEOUT")
+        return task.result()
+
+
+def _parsed_request(request: object) -> StateHandoffRequest:
+    if isinstance(request, StateHandoffRequest):
+        return request
+    if not isinstance(request, dict):
+        raise StateInputInvalid("RUNTIME_STATE_REQUEST_INVALID", "the request must be an object")
+    try:
+        return StateHandoffRequest.model_validate(request, by_alias=True, by_name=False)
+    except ValidationError:
+        raise StateInputInvalid("RUNTIME_STATE_REQUEST_INVALID") from None
+
+
+def _status(request: StateHandoffRequest, status: str, **extra: str | None) -> StateHandoffStatus:
+    return StateHandoffStatus.model_validate(
+        {
+            "protocol": request.protocol,
+            "nonce": request.nonce,
+            "schemaVersion": request.schema_version,
+            "sourceRevision": request.source_revision,
+            "targetRevision": request.target_revision,
+            "status": status,
+            **extra,
+        }
+    )
+
+
+def _export_invalid(detail: str) -> StateExportError:
+    return StateExportError("RUNTIME_STATE_EXPORT_INVALID", detail)
