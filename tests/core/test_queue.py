@@ -1,0 +1,644 @@
+"""Keyed work queue: ordering, width, pauses, refusals, intake fence, drain, abort, participant."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections import defaultdict
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from forgezero_lifecycle._errors import (
+    ConfigurationError,
+    QueueIntakePausedError,
+    QueueKeyStoppedError,
+    QueueStoppedError,
+    TaskCancelledError,
+)
+from forgezero_lifecycle.core.participant import WorkParticipant
+from forgezero_lifecycle.core.queue import KeyedQueue, QueueDrainReport, QueueSnapshot
+from forgezero_lifecycle.testing import ManualClock, settle
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Blocker:
+    """A handler that records when it starts and finishes only when released."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.active: set[str] = set()
+        self.peak = 0
+        self._gates: dict[str, asyncio.Event] = {}
+
+    async def __call__(self, name: str) -> str:
+        self.started.append(name)
+        self.active.add(name)
+        self.peak = max(self.peak, len(self.active))
+        gate = self._gates.setdefault(name, asyncio.Event())
+        try:
+            await gate.wait()
+        finally:
+            self.active.discard(name)
+        return name
+
+    def release(self, name: str) -> None:
+        self._gates.setdefault(name, asyncio.Event()).set()
+
+
+async def _ok(value: int) -> int:
+    return value
+
+
+async def _ok_text(value: str) -> str:
+    return value
+
+
+async def _boom() -> None:
+    raise LookupError("handler failed")
+
+
+@pytest.mark.anyio
+async def test_run_returns_the_handler_result_and_raises_its_exception() -> None:
+    """`run` is transparent: the handler's value comes back, its exception propagates."""
+    queue = KeyedQueue()
+    assert await queue.run("k", _ok, 7) == 7
+    with pytest.raises(LookupError, match="handler failed"):
+        await queue.run("k", _boom)
+    snap = queue.snapshot()
+    assert (snap.completed, snap.failed, snap.running, snap.queued, snap.keys) == (1, 1, 0, 0, 0)
+
+
+@pytest.mark.anyio
+@settings(max_examples=75, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    plan=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 4), st.integers(0, 4)),
+        min_size=1,
+        max_size=25,
+    ),
+    width=st.integers(1, 4),
+)
+async def test_same_key_runs_in_submission_order_under_random_interleavings(
+    plan: list[tuple[int, int, int]], width: int
+) -> None:
+    """Per key, handlers start in submission order and never overlap; at most width run."""
+    queue = KeyedQueue(width=width)
+    submitted: defaultdict[str, list[int]] = defaultdict(list)
+    executed: defaultdict[str, list[int]] = defaultdict(list)
+    active: set[str] = set()
+    peak = 0
+
+    async def handler(key: str, index: int, steps: int) -> int:
+        nonlocal peak
+        assert key not in active
+        active.add(key)
+        peak = max(peak, len(active))
+        executed[key].append(index)
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        active.discard(key)
+        return index
+
+    async def submit(index: int, key_number: int, delay: int, steps: int) -> None:
+        for _ in range(delay):
+            await asyncio.sleep(0)
+        key = f"k{key_number}"
+        submitted[key].append(index)
+        assert await queue.run(key, handler, key, index, steps) == index
+
+    await asyncio.gather(*(submit(i, *step) for i, step in enumerate(plan)))
+    assert executed == submitted
+    assert peak <= width
+    snap = queue.snapshot()
+    assert (snap.running, snap.queued, snap.keys, snap.completed) == (0, 0, 0, len(plan))
+
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("submit"), st.integers(0, 3), st.integers(0, 3)),
+        st.tuples(st.sampled_from(["pause", "resume"]), st.just(0), st.just(0)),
+        st.tuples(st.sampled_from(["pause_key", "resume_key"]), st.integers(0, 3), st.just(0)),
+        st.tuples(st.just("yield"), st.just(0), st.integers(1, 3)),
+    ),
+    max_size=40,
+)
+
+
+@pytest.mark.anyio
+@settings(max_examples=75, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=_OPS, width=st.integers(1, 3))
+async def test_order_and_width_hold_while_the_queue_and_keys_are_paused_and_resumed(
+    ops: list[tuple[str, int, int]], width: int
+) -> None:
+    """Random pause/resume of the queue and of keys never reorders, overlaps or loses a task."""
+    queue = KeyedQueue(width=width)
+    submitted: defaultdict[str, list[int]] = defaultdict(list)
+    executed: defaultdict[str, list[int]] = defaultdict(list)
+    active: set[str] = set()
+    peak = 0
+
+    async def handler(key: str, index: int, steps: int) -> None:
+        nonlocal peak
+        assert key not in active
+        active.add(key)
+        peak = max(peak, len(active))
+        executed[key].append(index)
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        active.discard(key)
+
+    async def submit(key: str, index: int, steps: int) -> None:
+        submitted[key].append(index)
+        await queue.run(key, handler, key, index, steps)
+
+    tasks = []
+    for index, (op, key_number, amount) in enumerate(ops):
+        key = f"k{key_number}"
+        if op == "submit":
+            tasks.append(asyncio.create_task(submit(key, index, amount)))
+        elif op == "pause":
+            queue.pause()
+        elif op == "resume":
+            queue.resume()
+        elif op == "pause_key":
+            queue.pause_key(key)
+        elif op == "resume_key":
+            queue.resume_key(key)
+        for _ in range(amount if op == "yield" else 0):
+            await asyncio.sleep(0)
+    queue.resume()
+    for key_number in range(4):
+        queue.resume_key(f"k{key_number}")
+    await asyncio.gather(*tasks)
+    await queue.when_idle()
+    assert executed == submitted
+    assert peak <= width
+    snap = queue.snapshot()
+    assert (snap.running, snap.queued, snap.keys, snap.completed) == (0, 0, 0, len(tasks))
+
+
+@pytest.mark.anyio
+async def test_different_keys_run_in_parallel_bounded_by_width() -> None:
+    """Four keys on a width-2 queue: two run, two wait, and the waiters start as slots free."""
+    queue = KeyedQueue(width=2)
+    blocker = Blocker()
+    tasks = [asyncio.create_task(queue.run(name, blocker, name)) for name in "abcd"]
+    await settle()
+    assert blocker.started == ["a", "b"]
+    snap = queue.snapshot()
+    assert (snap.running, snap.queued, snap.keys) == (2, 2, 4)
+    blocker.release("a")
+    await settle()
+    assert blocker.started == ["a", "b", "c"]
+    for name in "bcd":
+        blocker.release(name)
+    assert await asyncio.gather(*tasks) == list("abcd")
+    assert blocker.peak == 2
+
+
+@pytest.mark.anyio
+async def test_pause_holds_accepted_submissions_until_resume() -> None:
+    """`pause` accepts new work but starts none of it; `resume` starts it."""
+    queue = KeyedQueue()
+    queue.pause()
+    task = asyncio.create_task(queue.run("k", _ok, 1))
+    await settle()
+    assert not task.done()
+    assert queue.snapshot().queued == 1
+    assert queue.snapshot().paused
+    queue.resume()
+    assert await task == 1
+
+
+@pytest.mark.anyio
+async def test_pause_key_holds_only_that_key_and_lets_its_running_task_finish() -> None:
+    """A paused key keeps its queue; other keys run; the running task of the key finishes."""
+    queue = KeyedQueue()
+    blocker = Blocker()
+    running = asyncio.create_task(queue.run("a", blocker, "a1"))
+    await settle()
+    queue.pause_key("a")
+    held = asyncio.create_task(queue.run("a", blocker, "a2"))
+    other = asyncio.create_task(queue.run("b", blocker, "b1"))
+    await settle()
+    assert blocker.started == ["a1", "b1"]
+    assert queue.snapshot().paused_keys == ("a",)
+    blocker.release("a1")
+    blocker.release("b1")
+    await settle()
+    assert running.done()
+    assert other.done()
+    assert not held.done()
+    queue.resume_key("a")
+    blocker.release("a2")
+    assert await held == "a2"
+    assert queue.snapshot().paused_keys == ()
+
+
+@pytest.mark.anyio
+async def test_a_key_paused_while_waiting_for_a_slot_does_not_take_the_freed_slot() -> None:
+    """A paused key keeps waiting when a slot frees up, even with nothing else queued."""
+    queue = KeyedQueue(width=1)
+    blocker = Blocker()
+    first = asyncio.create_task(queue.run("a", blocker, "a1"))
+    held = asyncio.create_task(queue.run("b", blocker, "b1"))
+    await settle()
+    queue.pause_key("b")
+    blocker.release("a1")
+    await settle()
+    assert await first == "a1"
+    assert blocker.started == ["a1"]
+    assert (queue.snapshot().running, queue.snapshot().queued) == (0, 1)
+    queue.resume_key("b")
+    blocker.release("b1")
+    assert await held == "b1"
+
+
+@pytest.mark.anyio
+async def test_a_key_paused_and_resumed_while_waiting_never_runs_two_tasks_at_once() -> None:
+    """Pausing and resuming a waiting key cannot hand it a second slot while it runs."""
+    queue = KeyedQueue(width=2)
+    blocker = Blocker()
+    tasks = [asyncio.create_task(queue.run(k[0], blocker, k)) for k in ("x1", "y1", "b1", "b2")]
+    await settle()
+    queue.pause_key("b")
+    queue.resume_key("b")
+    blocker.release("x1")
+    await settle()
+    assert blocker.started == ["x1", "y1", "b1"]
+    blocker.release("y1")
+    await settle()
+    assert blocker.started == ["x1", "y1", "b1"]  # b2 waits for b1, though a slot is free
+    blocker.release("b1")
+    blocker.release("b2")
+    assert list(await asyncio.gather(*tasks)) == ["x1", "y1", "b1", "b2"]
+    assert blocker.peak == 2
+
+
+@pytest.mark.anyio
+async def test_stop_key_refuses_new_work_for_that_key_while_its_queued_work_runs() -> None:
+    """`stop_key` refuses new submissions for one key only; already queued ones still run."""
+    queue = KeyedQueue()
+    blocker = Blocker()
+    first = asyncio.create_task(queue.run("a", blocker, "a1"))
+    second = asyncio.create_task(queue.run("a", blocker, "a2"))
+    await settle()
+    queue.stop_key("a")
+    with pytest.raises(QueueKeyStoppedError) as refused:
+        await queue.run("a", _ok, 1)
+    assert refused.value.key == "a"
+    assert refused.value.code == "QUEUE_KEY_STOPPED"
+    assert await queue.run("b", _ok, 2) == 2
+    blocker.release("a1")
+    blocker.release("a2")
+    assert list(await asyncio.gather(first, second)) == ["a1", "a2"]
+    assert queue.snapshot().stopped_keys == ("a",)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("stop", "pause_intake", "stop_key", "expected"),
+    [
+        (True, True, True, QueueStoppedError),
+        (True, False, True, QueueStoppedError),
+        (True, True, False, QueueStoppedError),
+        (False, True, True, QueueIntakePausedError),
+        (False, True, False, QueueIntakePausedError),
+        (False, False, True, QueueKeyStoppedError),
+    ],
+)
+async def test_refusals_follow_the_seed_precedence(
+    stop: bool, pause_intake: bool, stop_key: bool, expected: type[Exception]
+) -> None:
+    """Stopped wins over intake paused, which wins over a stopped key."""
+    queue = KeyedQueue()
+    if stop_key:
+        queue.stop_key("k")
+    if pause_intake:
+        queue.pause_intake()
+    if stop:
+        queue.stop()
+    with pytest.raises(expected):
+        await queue.run("k", _ok, 1)
+    assert queue.snapshot().completed == 0
+
+
+@pytest.mark.anyio
+async def test_refused_submissions_leave_no_task_future_or_warning_behind() -> None:
+    """A refusal raises at the await; no task is created and nothing warns at collection."""
+    queue = KeyedQueue()
+    queue.pause_intake()
+    tasks_before = len(asyncio.all_tasks())
+    for _ in range(50):
+        with pytest.raises(QueueIntakePausedError):
+            await queue.run("k", _ok, 1)
+    queue.stop()
+    with pytest.raises(QueueStoppedError):
+        await queue.run("k", _ok, 1)
+    assert len(asyncio.all_tasks()) == tasks_before
+    gc.collect()
+    await settle()
+    snap = queue.snapshot()
+    assert (snap.queued, snap.keys, snap.completed, snap.failed) == (0, 0, 0, 0)
+
+
+@pytest.mark.anyio
+async def test_intake_pause_then_when_idle_then_resume_is_an_exact_reversible_boundary() -> None:
+    """While intake is paused accepted work finishes, when_idle returns, and resume reopens."""
+    queue = KeyedQueue()
+    blocker = Blocker()
+    accepted = [asyncio.create_task(queue.run("a", blocker, n)) for n in ("a1", "a2")]
+    await settle()
+    queue.pause_intake()
+    assert queue.snapshot().intake_paused
+    with pytest.raises(QueueIntakePausedError) as refused:
+        await queue.run("b", _ok, 1)
+    assert refused.value.code == "QUEUE_INTAKE_PAUSED"
+    idle = asyncio.create_task(queue.when_idle())
+    await settle()
+    assert not idle.done()
+    blocker.release("a1")
+    blocker.release("a2")
+    await idle
+    assert [t.result() for t in accepted] == ["a1", "a2"]
+    assert queue.in_flight() == 0
+    queue.resume_intake()
+    assert not queue.snapshot().intake_paused
+    assert await queue.run("b", _ok, 3) == 3
+
+
+@pytest.mark.anyio
+async def test_resume_intake_after_stop_does_nothing() -> None:
+    """Stop is final: resuming intake afterwards keeps refusing with QueueStoppedError."""
+    queue = KeyedQueue()
+    queue.pause_intake()
+    queue.stop()
+    queue.resume_intake()
+    assert queue.snapshot().intake_paused
+    with pytest.raises(QueueStoppedError):
+        await queue.run("k", _ok, 1)
+
+
+@pytest.mark.anyio
+async def test_when_idle_returns_at_once_on_an_idle_queue() -> None:
+    """An idle queue has nothing to wait for."""
+    await KeyedQueue().when_idle()
+
+
+@pytest.mark.anyio
+async def test_abort_cancels_queued_work_and_lets_running_work_finish() -> None:
+    """`abort` fails every queued task with TaskCancelledError and stops the queue."""
+    queue = KeyedQueue(width=1)
+    blocker = Blocker()
+    running = asyncio.create_task(queue.run("a", blocker, "a1"))
+    queued = [asyncio.create_task(queue.run(k, blocker, k)) for k in ("a", "b")]
+    await settle()
+    assert queue.abort() == 2
+    for task in queued:
+        with pytest.raises(TaskCancelledError) as cancelled:
+            await task
+        assert cancelled.value.code == "QUEUE_TASK_CANCELLED"
+    with pytest.raises(QueueStoppedError):
+        await queue.run("c", _ok, 1)
+    blocker.release("a1")
+    assert await running == "a1"
+    await queue.when_idle()
+    assert blocker.started == ["a1"]
+
+
+@pytest.mark.anyio
+async def test_drain_reports_completed_cancelled_and_still_running() -> None:
+    """At the deadline, drain cancels queued work and reports what finished and what runs on."""
+    clock = ManualClock()
+    queue = KeyedQueue(width=1, clock=clock)
+    blocker = Blocker()
+    done = asyncio.create_task(queue.run("a", blocker, "a1"))
+    waiting = asyncio.create_task(queue.run("a", blocker, "a2"))
+    stuck = asyncio.create_task(queue.run("b", blocker, "b1"))
+    await settle()
+    drain = asyncio.create_task(queue.drain(5.0))
+    await settle()
+    blocker.release("a1")  # the freed slot goes to key b (round robin), a2 keeps waiting
+    await clock.advance(5.0)
+    report = await drain
+    assert report == QueueDrainReport(completed=1, cancelled=1, running=1)
+    assert await done == "a1"
+    with pytest.raises(TaskCancelledError):
+        await waiting
+    blocker.release("b1")
+    assert await stuck == "b1"
+
+
+@pytest.mark.anyio
+async def test_drain_of_a_queue_that_goes_idle_in_time_cancels_nothing() -> None:
+    """A drain whose work finishes before the deadline reports it all completed."""
+    clock = ManualClock()
+    queue = KeyedQueue(clock=clock)
+    blocker = Blocker()
+    tasks = [asyncio.create_task(queue.run(k, blocker, k)) for k in ("a", "b")]
+    await settle()
+    drain = asyncio.create_task(queue.drain(5.0))
+    await settle()
+    blocker.release("a")
+    blocker.release("b")
+    report = await drain
+    assert report == QueueDrainReport(completed=2, cancelled=0, running=0)
+    await asyncio.gather(*tasks)
+    assert clock.sleepers == 0
+
+
+@pytest.mark.anyio
+async def test_a_caller_cancelled_while_waiting_leaves_the_queue() -> None:
+    """Cancelling a queued caller removes its task; the key's later tasks still run in order."""
+    queue = KeyedQueue()
+    blocker = Blocker()
+    first = asyncio.create_task(queue.run("a", blocker, "a1"))
+    second = asyncio.create_task(queue.run("a", blocker, "a2"))
+    third = asyncio.create_task(queue.run("a", blocker, "a3"))
+    await settle()
+    second.cancel()
+    await settle()
+    assert queue.snapshot().queued == 1
+    blocker.release("a1")
+    blocker.release("a3")
+    assert list(await asyncio.gather(first, third)) == ["a1", "a3"]
+    assert blocker.started == ["a1", "a3"]
+    assert second.cancelled()
+    assert queue.in_flight() == 0
+
+
+@pytest.mark.anyio
+async def test_a_waiting_caller_cancelled_just_before_its_turn_is_skipped() -> None:
+    """A caller cancelled but not yet resumed when its turn comes is passed over, not run."""
+    queue = KeyedQueue(width=1)
+    waiting: list[asyncio.Task[str]] = []
+
+    gate = asyncio.Event()
+
+    async def first() -> str:
+        await gate.wait()
+        waiting[0].cancel()  # on return its turn comes, before it can resume
+        return "a1"
+
+    running = asyncio.create_task(queue.run("a", first))
+    await settle()
+    waiting.append(asyncio.create_task(queue.run("b", _ok_text, "b1")))
+    other = asyncio.create_task(queue.run("c", _ok_text, "c1"))
+    await settle()
+    gate.set()
+    assert await running == "a1"
+    assert await other == "c1"
+    await settle()
+    assert waiting[0].cancelled()
+    snap = queue.snapshot()
+    assert (snap.running, snap.queued, snap.keys, snap.completed) == (0, 0, 0, 2)
+
+
+@pytest.mark.anyio
+async def test_cancelling_the_only_waiter_of_an_idle_key_removes_the_key() -> None:
+    """A key whose last queued caller is cancelled disappears from the snapshot."""
+    queue = KeyedQueue(width=1)
+    blocker = Blocker()
+    running = asyncio.create_task(queue.run("a", blocker, "a1"))
+    waiting = asyncio.create_task(queue.run("b", blocker, "b1"))
+    await settle()
+    assert queue.snapshot().keys == 2
+    waiting.cancel()
+    await settle()
+    assert (queue.snapshot().keys, queue.snapshot().queued) == (1, 0)
+    blocker.release("a1")
+    assert await running == "a1"
+    await queue.when_idle()
+
+
+@pytest.mark.anyio
+async def test_a_caller_cancelled_after_being_granted_its_turn_frees_the_key() -> None:
+    """A turn granted to a caller that is cancelled before it runs passes to the next task."""
+    queue = KeyedQueue()
+    blocker = Blocker()
+    second: asyncio.Task[str] | None = None
+
+    async def first_then_cancel_second() -> str:
+        result = await queue.run("a", blocker, "a1")
+        assert second is not None
+        second.cancel()  # the turn was just handed to `second`, which has not resumed yet
+        return result
+
+    first = asyncio.create_task(first_then_cancel_second())
+    await settle()
+    second = asyncio.create_task(queue.run("a", blocker, "a2"))
+    third = asyncio.create_task(queue.run("a", blocker, "a3"))
+    await settle()
+    blocker.release("a1")
+    blocker.release("a3")
+    assert await first == "a1"
+    assert await third == "a3"
+    assert second.cancelled()
+    assert blocker.started == ["a1", "a3"]
+    assert queue.in_flight() == 0
+
+
+@pytest.mark.anyio
+async def test_cancelling_a_running_caller_counts_a_failure_and_frees_the_key() -> None:
+    """A handler cancelled with its caller is counted failed, and the key moves on."""
+    queue = KeyedQueue()
+    blocker = Blocker()
+    first = asyncio.create_task(queue.run("a", blocker, "a1"))
+    second = asyncio.create_task(queue.run("a", blocker, "a2"))
+    await settle()
+    first.cancel()
+    blocker.release("a2")
+    assert await second == "a2"
+    assert first.cancelled()
+    snap = queue.snapshot()
+    assert (snap.completed, snap.failed, snap.running) == (1, 1, 0)
+
+
+@pytest.mark.anyio
+async def test_snapshot_is_a_frozen_copy_with_the_seed_fields() -> None:
+    """The snapshot carries width, counters and flags, and serialises to snake_case."""
+    queue = KeyedQueue(width=3)
+    queue.pause()
+    queue.pause_key("p")
+    queue.stop_key("s")
+    task = asyncio.create_task(queue.run("a", _ok, 1))
+    await settle()
+    snap = queue.snapshot()
+    assert snap == QueueSnapshot(
+        width=3,
+        running=0,
+        queued=1,
+        keys=1,
+        paused=True,
+        intake_paused=False,
+        paused_keys=("p",),
+        stopped_keys=("s",),
+        completed=0,
+        failed=0,
+    )
+    assert snap.to_dict()["paused_keys"] == ["p"]
+    assert queue.width == 3
+    with pytest.raises(AttributeError):
+        snap.running = 5  # type: ignore[misc]
+    queue.resume()
+    assert await task == 1
+
+
+@pytest.mark.parametrize("width", [0, -1, True, 1.5])
+def test_width_must_be_a_positive_int(width: object) -> None:
+    """A queue that could never run anything is refused at construction."""
+    with pytest.raises(ConfigurationError):
+        KeyedQueue(width=width)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_participant_pauses_intake_counts_in_flight_and_drains_reversibly() -> None:
+    """The queue participant reports kind jobs, counts running + queued, and drains to idle."""
+    clock = ManualClock()
+    queue = KeyedQueue(width=1, clock=clock)
+    participant = queue.participant()
+    assert isinstance(participant, WorkParticipant)
+    assert participant.kind == "jobs"
+    blocker = Blocker()
+    tasks = [asyncio.create_task(queue.run(k, blocker, k)) for k in ("a", "b")]
+    await settle()
+    assert participant.in_flight() == 2
+    participant.pause_intake()
+    with pytest.raises(QueueIntakePausedError):
+        await queue.run("c", _ok, 1)
+    drain = asyncio.create_task(participant.drain(10.0))
+    await settle()
+    blocker.release("a")
+    blocker.release("b")
+    await drain
+    assert participant.in_flight() == 0
+    await asyncio.gather(*tasks)
+    await participant.drain(10.0)  # already idle: returns at once
+    participant.resume_intake()
+    assert await queue.run("c", _ok, 4) == 4
+
+
+@pytest.mark.anyio
+async def test_participant_drain_returns_at_the_timeout_and_keeps_queued_work() -> None:
+    """The participant never cancels: at the timeout it returns and the work stays accepted."""
+    clock = ManualClock()
+    queue = KeyedQueue(width=1, clock=clock)
+    participant = queue.participant()
+    blocker = Blocker()
+    tasks = [asyncio.create_task(queue.run(k, blocker, k)) for k in ("a", "b")]
+    await settle()
+    drain = asyncio.create_task(participant.drain(3.0))
+    await settle()
+    await clock.advance(3.0)
+    await drain
+    assert participant.in_flight() == 2
+    participant.resume_intake()
+    blocker.release("a")
+    blocker.release("b")
+    assert await asyncio.gather(*tasks) == ["a", "b"]

@@ -1,0 +1,480 @@
+"""Scheduler: ticks on a manual clock, pause/resume, run_now, incident status, cron, participant."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from forgezero_lifecycle._errors import ScheduleInvalid, ScheduleNotFound
+from forgezero_lifecycle.core.participant import WorkParticipant
+from forgezero_lifecycle.core.scheduler import Scheduler
+from forgezero_lifecycle.testing import ManualClock, settle
+
+BASE = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+def wall(clock: ManualClock, start: datetime = BASE) -> Callable[[], datetime]:
+    """A wall clock that moves with the manual clock."""
+    return lambda: start + timedelta(seconds=clock.monotonic())
+
+
+class Counter:
+    """A job that counts its runs and can be told to fail or to block."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.fail = False
+        self.gate: asyncio.Event | None = None
+
+    async def __call__(self) -> None:
+        self.runs += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail:
+            raise RuntimeError(f"run {self.runs} failed")
+
+
+def make(clock: ManualClock, start: datetime = BASE) -> Scheduler:
+    return Scheduler(clock=clock, now=wall(clock, start))
+
+
+@pytest.mark.anyio
+async def test_interval_job_runs_once_per_period_on_the_manual_clock(clock: ManualClock) -> None:
+    """An `every=10` job runs at 10, 20, 30 s after start and reports its next run."""
+    scheduler = make(clock)
+    job = Counter()
+    scheduler.add("tick", job, every=10)
+    async with scheduler:
+        await clock.advance(9.9)
+        assert job.runs == 0
+        assert scheduler.job_status("tick").next_run_at == BASE + timedelta(seconds=10)
+        await clock.advance(0.1)
+        assert job.runs == 1
+        await clock.advance(20)
+        assert job.runs == 3
+        status = scheduler.job_status("tick")
+        assert status.runs == 3
+        assert status.last_result == "ok"
+        assert status.last_run_at == BASE + timedelta(seconds=30)
+        assert status.last_duration == 0.0
+        assert status.next_run_at == BASE + timedelta(seconds=40)
+    assert not scheduler.status().started
+    assert scheduler.job_status("tick").next_run_at is None
+
+
+@pytest.mark.anyio
+async def test_pause_stops_ticks_and_lets_the_in_flight_run_finish(clock: ManualClock) -> None:
+    """After pause no tick starts a run; the run already going completes normally."""
+    scheduler = make(clock)
+    job = Counter()
+    job.gate = asyncio.Event()
+    scheduler.add("slow", job, every=10)
+    scheduler.start()
+    await clock.advance(10)
+    assert scheduler.in_flight() == 1
+    scheduler.pause()
+    assert scheduler.status().paused
+    assert scheduler.job_status("slow").next_run_at is None
+    job.gate.set()
+    await settle()
+    assert scheduler.in_flight() == 0
+    assert scheduler.job_status("slow").last_result == "ok"
+    await clock.advance(100)
+    assert job.runs == 1
+    await scheduler.stop()
+
+
+@pytest.mark.anyio
+async def test_ticks_missed_while_paused_are_not_replayed_after_resume(clock: ManualClock) -> None:
+    """Resume computes the next tick from the resume time: no burst of missed runs."""
+    scheduler = make(clock)
+    job = Counter()
+    scheduler.add("tick", job, every=10)
+    scheduler.start()
+    await clock.advance(5)
+    scheduler.pause()
+    await clock.advance(100)  # ten ticks would have fallen due
+    scheduler.resume()
+    assert scheduler.job_status("tick").next_run_at == BASE + timedelta(seconds=115)
+    await settle()
+    assert job.runs == 0
+    await clock.advance(9.9)
+    assert job.runs == 0
+    await clock.advance(0.1)
+    assert job.runs == 1
+    await scheduler.stop()
+
+
+@pytest.mark.anyio
+async def test_run_now_runs_at_once_even_while_paused_and_returns_the_status(
+    clock: ManualClock,
+) -> None:
+    """`run_now` runs the job immediately, whether started, paused or neither."""
+    scheduler = make(clock)
+    job = Counter()
+    scheduler.add("rotate", job, every=3600)
+    status = await scheduler.run_now("rotate")
+    assert (job.runs, status.runs, status.last_result) == (1, 1, "ok")
+    scheduler.start()
+    scheduler.pause()
+    status = await scheduler.run_now("rotate")
+    assert (job.runs, status.runs) == (2, 2)
+    assert status.next_run_at is None
+    await scheduler.stop()
+
+
+@pytest.mark.anyio
+async def test_run_now_on_a_running_job_waits_for_that_run_instead_of_overlapping(
+    clock: ManualClock,
+) -> None:
+    """A job never runs twice at once: run_now joins the run in progress."""
+    scheduler = make(clock)
+    job = Counter()
+    job.gate = asyncio.Event()
+    scheduler.add("slow", job, every=60)
+    first = asyncio.create_task(scheduler.run_now("slow"))
+    await settle()
+    second = asyncio.create_task(scheduler.run_now("slow"))
+    await settle()
+    assert scheduler.in_flight() == 1
+    job.gate.set()
+    assert (await first).runs == 1
+    assert (await second).runs == 1
+    assert job.runs == 1
+
+
+@pytest.mark.anyio
+async def test_failing_job_counts_consecutive_failures_then_resets_on_success(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each failure raises the count and keeps the error text; one success resets it."""
+    scheduler = make(clock)
+    job = Counter()
+    job.fail = True
+    scheduler.add("flaky", job, every=10)
+    scheduler.start()
+    with caplog.at_level(logging.ERROR, logger="forgezero_lifecycle.scheduler"):
+        await clock.advance(30)
+    status = scheduler.job_status("flaky")
+    assert (status.runs, status.failures, status.consecutive_failures) == (3, 3, 3)
+    assert status.last_result == "error"
+    assert status.last_error == "RuntimeError: run 3 failed"
+    records = [r for r in caplog.records if r.name == "forgezero_lifecycle.scheduler"]
+    assert len(records) == 3
+    assert records[-1].msg == "schedule.run.failed name=%s consecutive_failures=%d"
+    assert records[-1].args == ("flaky", 3)
+    assert records[-1].exc_info is not None
+    job.fail = False
+    await clock.advance(10)
+    status = scheduler.job_status("flaky")
+    assert (status.runs, status.failures, status.consecutive_failures) == (4, 3, 0)
+    assert (status.last_result, status.last_error) == ("ok", None)
+    await scheduler.stop()
+
+
+@pytest.mark.anyio
+async def test_an_exception_in_one_job_never_stops_the_scheduler(clock: ManualClock) -> None:
+    """A job that raises keeps its schedule, and other jobs are untouched."""
+    scheduler = make(clock)
+    broken, healthy = Counter(), Counter()
+    broken.fail = True
+    scheduler.add("broken", broken, every=5)
+    scheduler.add("healthy", healthy, every=5)
+    async with scheduler:
+        await clock.advance(50)
+    assert (broken.runs, healthy.runs) == (10, 10)
+    assert scheduler.job_status("healthy").consecutive_failures == 0
+
+
+@pytest.mark.anyio
+async def test_a_tick_that_finds_the_previous_run_going_is_skipped_and_counted(
+    clock: ManualClock,
+) -> None:
+    """Overlapping runs are not started; each skipped tick shows in skipped_overlaps."""
+    scheduler = make(clock)
+    job = Counter()
+    job.gate = asyncio.Event()
+    scheduler.add("slow", job, every=10)
+    scheduler.start()
+    await clock.advance(35)  # runs at 10, still going at 20 and 30
+    status = scheduler.job_status("slow")
+    assert (job.runs, status.skipped_overlaps, status.running) == (1, 2, True)
+    job.gate.set()
+    await settle()
+    job.gate = None
+    await clock.advance(5)  # tick at 40 finds it finished
+    status = scheduler.job_status("slow")
+    assert (job.runs, status.runs, status.skipped_overlaps, status.running) == (2, 2, 2, False)
+    assert status.last_duration == 0.0
+    await scheduler.stop()
+
+
+@pytest.mark.anyio
+async def test_cron_job_next_run_comes_from_the_injected_now(clock: ManualClock) -> None:
+    """`*/5 * * * *` at 00:01:30 next runs at 00:05:00, then every five minutes."""
+    start = datetime(2030, 1, 1, 0, 1, 30, tzinfo=UTC)
+    scheduler = make(clock, start)
+    job = Counter()
+    scheduler.add("report", job, cron="*/5 * * * *")
+    scheduler.start()
+    status = scheduler.job_status("report")
+    assert (status.cron, status.every) == ("*/5 * * * *", None)
+    assert status.next_run_at == datetime(2030, 1, 1, 0, 5, tzinfo=UTC)
+    await clock.advance(209.9)
+    assert job.runs == 0
+    await clock.advance(0.1)
+    assert job.runs == 1
+    assert scheduler.job_status("report").last_run_at == datetime(2030, 1, 1, 0, 5, tzinfo=UTC)
+    assert scheduler.job_status("report").next_run_at == datetime(2030, 1, 1, 0, 10, tzinfo=UTC)
+    await clock.advance(600)
+    assert job.runs == 3
+    await scheduler.stop()
+
+
+@pytest.mark.anyio
+async def test_cron_ticks_missed_while_paused_are_not_replayed(clock: ManualClock) -> None:
+    """A cron job resumed after an hour runs at its next slot, not once per missed slot."""
+    scheduler = make(clock)
+    job = Counter()
+    scheduler.add("report", job, cron="*/5 * * * *")
+    scheduler.start()
+    scheduler.pause()
+    await clock.advance(3600 + 60)
+    scheduler.resume()
+    await settle()
+    assert job.runs == 0
+    assert scheduler.job_status("report").next_run_at == BASE + timedelta(hours=1, minutes=5)
+    await clock.advance(240)
+    assert job.runs == 1
+    await scheduler.stop()
+
+
+@pytest.mark.anyio
+async def test_cron_with_a_fixed_now_still_moves_forward(clock: ManualClock) -> None:
+    """Each cron tick is computed after the one just fired, even if now() has not moved."""
+    scheduler = Scheduler(clock=clock, now=lambda: BASE)
+    job = Counter()
+    scheduler.add("minutely", job, cron="* * * * *")
+    scheduler.start()
+    await clock.advance(60)
+    assert job.runs == 1
+    assert scheduler.job_status("minutely").next_run_at == BASE + timedelta(minutes=2)
+    await scheduler.stop()
+
+
+@pytest.mark.parametrize(
+    ("name", "schedule"),
+    [
+        ("", {"every": 1}),
+        ("j", {}),
+        ("j", {"every": 1, "cron": "* * * * *"}),
+        ("j", {"every": 0}),
+        ("j", {"every": -5}),
+        ("j", {"every": float("nan")}),
+        ("j", {"every": float("inf")}),
+        ("j", {"every": True}),
+        ("j", {"every": "10"}),
+        ("j", {"cron": "not a cron"}),
+        ("j", {"cron": "61 * * * *"}),
+        ("j", {"cron": "* * * *"}),
+        ("j", {"cron": 5}),
+    ],
+)
+def test_a_bad_schedule_is_refused_with_schedule_invalid(
+    name: str, schedule: dict[str, object]
+) -> None:
+    """Names must be non-empty and exactly one valid schedule must be given."""
+    with pytest.raises(ScheduleInvalid) as refused:
+        Scheduler().add(name, Counter(), **schedule)  # type: ignore[arg-type]
+    assert refused.value.code == "SCHEDULE_INVALID"
+
+
+def test_a_duplicate_name_or_a_non_callable_is_refused() -> None:
+    """Job names are unique, and the job must be callable."""
+    scheduler = Scheduler()
+    scheduler.add("j", Counter(), every=1)
+    with pytest.raises(ScheduleInvalid, match="already scheduled"):
+        scheduler.add("j", Counter(), every=1)
+    with pytest.raises(ScheduleInvalid, match="async callable"):
+        scheduler.add("k", "not callable", every=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_an_unknown_job_name_raises_schedule_not_found() -> None:
+    """run_now and job_status name the missing job."""
+    scheduler = Scheduler()
+    with pytest.raises(ScheduleNotFound, match="'nope'") as missing:
+        await scheduler.run_now("nope")
+    assert missing.value.code == "SCHEDULE_NOT_FOUND"
+    with pytest.raises(ScheduleNotFound):
+        scheduler.job_status("nope")
+
+
+@pytest.mark.anyio
+async def test_the_decorator_registers_the_function_under_its_name(clock: ManualClock) -> None:
+    """`@scheduler.job(every=...)` adds the function and returns it unchanged."""
+    scheduler = make(clock)
+    calls: list[str] = []
+
+    @scheduler.job(every=5)
+    async def cleanup() -> None:
+        calls.append("cleanup")
+
+    @scheduler.job("named", cron="* * * * *")
+    async def other() -> None:
+        calls.append("other")
+
+    assert [job.name for job in scheduler.status().jobs] == ["cleanup", "named"]
+    await cleanup()
+    assert calls == ["cleanup"]
+
+
+@pytest.mark.anyio
+async def test_status_serialises_to_json_ready_snake_case(clock: ManualClock) -> None:
+    """`to_dict` gives plain JSON types: ISO datetimes, seconds, snake_case keys."""
+    scheduler = make(clock)
+    job = Counter()
+    job.fail = True
+    scheduler.add("flaky", job, every=10)
+    await scheduler.run_now("flaky")
+    scheduler.start()
+    data = scheduler.status().to_dict()
+    assert json.loads(json.dumps(data)) == data
+    assert (data["started"], data["paused"], data["running"]) == (True, False, 0)
+    jobs = data["jobs"]
+    assert isinstance(jobs, list)
+    (entry,) = jobs
+    assert entry == {
+        "name": "flaky",
+        "every": 10.0,
+        "cron": None,
+        "running": False,
+        "runs": 1,
+        "failures": 1,
+        "last_run_at": "2030-01-01T00:00:00+00:00",
+        "last_duration": 0.0,
+        "last_result": "error",
+        "last_error": "RuntimeError: run 1 failed",
+        "consecutive_failures": 1,
+        "skipped_overlaps": 0,
+        "next_run_at": "2030-01-01T00:00:10+00:00",
+    }
+    await scheduler.stop()
+
+
+@pytest.mark.anyio
+async def test_a_job_added_after_start_is_scheduled_at_once(clock: ManualClock) -> None:
+    """Adding to a running scheduler arms the new job from the time it was added."""
+    scheduler = make(clock)
+    async with scheduler:
+        await clock.advance(3)
+        job = Counter()
+        scheduler.add("late", job, every=10)
+        await clock.advance(10)
+        assert job.runs == 1
+
+
+@pytest.mark.anyio
+async def test_stop_waits_for_running_runs(clock: ManualClock) -> None:
+    """Without a timeout, stop returns only after the running run has finished."""
+    scheduler = make(clock)
+    job = Counter()
+    job.gate = asyncio.Event()
+    scheduler.add("slow", job, every=10)
+    scheduler.start()
+    await clock.advance(10)
+    stopping = asyncio.create_task(scheduler.stop())
+    await settle()
+    assert not stopping.done()
+    job.gate.set()
+    await stopping
+    assert scheduler.job_status("slow").last_result == "ok"
+
+
+@pytest.mark.anyio
+async def test_stop_with_a_timeout_cancels_a_run_that_outlives_it(clock: ManualClock) -> None:
+    """At the stop timeout a run still going is cancelled and recorded as an error."""
+    scheduler = make(clock)
+    job = Counter()
+    job.gate = asyncio.Event()
+    scheduler.add("stuck", job, every=10)
+    scheduler.start()
+    await clock.advance(10)
+    stopping = asyncio.create_task(scheduler.stop(timeout=5))
+    await settle()
+    await clock.advance(5)
+    await stopping
+    status = scheduler.job_status("stuck")
+    assert (status.running, status.last_result) == (False, "error")
+    assert status.last_error == "CancelledError: the run was cancelled"
+    assert status.last_duration == 5.0
+    assert status.consecutive_failures == 1
+
+
+@pytest.mark.anyio
+async def test_participant_pauses_ticks_drains_running_runs_and_resumes(
+    clock: ManualClock,
+) -> None:
+    """The scheduler participant is kind schedules, counts running runs and is reversible."""
+    scheduler = make(clock)
+    job = Counter()
+    job.gate = asyncio.Event()
+    scheduler.add("slow", job, every=10)
+    participant = scheduler.participant()
+    assert isinstance(participant, WorkParticipant)
+    assert participant.kind == "schedules"
+    scheduler.start()
+    await clock.advance(10)
+    assert participant.in_flight() == 1
+    participant.pause_intake()
+    drain = asyncio.create_task(participant.drain(30))
+    await settle()
+    assert not drain.done()
+    job.gate.set()
+    await drain
+    assert participant.in_flight() == 0
+    await clock.advance(50)
+    assert job.runs == 1
+    participant.resume_intake()
+    job.gate = None
+    await clock.advance(10)
+    assert job.runs == 2
+    await scheduler.stop()
+
+
+@pytest.mark.anyio
+async def test_participant_drain_returns_at_the_timeout_without_cancelling(
+    clock: ManualClock,
+) -> None:
+    """The drain waits at most its timeout; the run keeps going for the caller to judge."""
+    scheduler = make(clock)
+    job = Counter()
+    job.gate = asyncio.Event()
+    scheduler.add("slow", job, every=10)
+    participant = scheduler.participant()
+    scheduler.start()
+    await clock.advance(10)
+    participant.pause_intake()
+    drain = asyncio.create_task(participant.drain(5))
+    await settle()
+    await clock.advance(5)
+    await drain
+    assert participant.in_flight() == 1
+    job.gate.set()
+    await scheduler.stop()
+    assert scheduler.job_status("slow").last_result == "ok"
