@@ -64,6 +64,7 @@ class InFlightMiddleware:
         ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The hot path: kept flat (no extra coroutine layer) since it runs on every request.
         kind = scope["type"]
         if kind != "http" and kind != "websocket":
             await self.app(scope, receive, send)
@@ -78,54 +79,23 @@ class InFlightMiddleware:
         if self._exempt is not None and self._exempt(scope):
             await self.app(scope, receive, send)
             return
-        if kind == "http":
-            await self._http(scope, receive, send)
-        else:
+        if kind == "websocket":
             await self._websocket(scope, receive, send)
-
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+            return
         gate = self._gate
-        if not gate.try_admit("http"):
+        if not gate.admit_http():
             await send(
                 {"type": "http.response.start", "status": 503, "headers": self._refusal_headers}
             )
             await send({"type": "http.response.body", "body": _REFUSAL_BODY})
             return
-        body_done = False
-        started = False
-        finished = False
-        disconnected = False
-
-        async def receive_within_grace() -> Message:
-            nonlocal body_done, disconnected
-            if not body_done:
-                message = await receive()
-                if message["type"] != "http.request" or not message.get("more_body", False):
-                    body_done = True
-                return message
-            # After the body only a disconnect can arrive: wait for it or for the stream notice.
-            incoming = await _receive_or_notice(receive, gate.notice)
-            if incoming is None:
-                disconnected = True
-                return dict(_DISCONNECT)
-            return incoming
-
-        async def send_with_close(message: Message) -> None:
-            nonlocal started, finished
-            if message["type"] == "http.response.start":
-                started = True
-                if gate.draining:
-                    message = _with_connection_close(message)
-            elif message["type"] == "http.response.body" and not message.get("more_body", False):
-                finished = True
-            await send(message)
-
+        responder = _HttpResponder(gate, receive, send)
         try:
-            await self.app(scope, receive_within_grace, send_with_close)
-            if disconnected and started and not finished:
+            await self.app(scope, responder.receive, responder.send)
+            if responder.flags & _CUT_SHORT == _CUT_SHORT_UNFINISHED:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            gate.release("http")
+            gate.release_http()
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         gate = self._gate
@@ -176,6 +146,51 @@ class InFlightMiddleware:
             await send({"type": "websocket.http.response.body", "body": _REFUSAL_BODY})
         else:
             await send({"type": "websocket.close", "code": _TRY_AGAIN_LATER, "reason": "draining"})
+
+
+# _HttpResponder.flags: what one request has done so far.
+_BODY_DONE: Final = 1
+_STARTED: Final = 2
+_FINISHED: Final = 4
+_DISCONNECTED: Final = 8
+#: Disconnected by the notice after the response started but before its last chunk.
+_CUT_SHORT: Final = _STARTED | _FINISHED | _DISCONNECTED
+_CUT_SHORT_UNFINISHED: Final = _STARTED | _DISCONNECTED
+
+
+@final
+class _HttpResponder:
+    """Per-request state of one admitted HTTP request (slotted: this runs on every request)."""
+
+    __slots__ = ("_gate", "_receive", "_send", "flags")
+
+    def __init__(self, gate: IntakeGate, receive: Receive, send: Send) -> None:
+        self._gate = gate
+        self._receive = receive
+        self._send = send
+        self.flags = 0
+
+    async def receive(self) -> Message:
+        if not self.flags & _BODY_DONE:
+            message = await self._receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                self.flags |= _BODY_DONE
+            return message
+        # After the body only a disconnect can arrive: wait for it or for the stream notice.
+        incoming = await _receive_or_notice(self._receive, self._gate.notice)
+        if incoming is None:
+            self.flags |= _DISCONNECTED
+            return dict(_DISCONNECT)
+        return incoming
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.flags |= _STARTED
+            if self._gate.draining:
+                message = _with_connection_close(message)
+        elif not message.get("more_body", False):
+            self.flags |= _FINISHED
+        await self._send(message)
 
 
 async def _receive_or_notice(receive: Receive, notice: asyncio.Event) -> Message | None:

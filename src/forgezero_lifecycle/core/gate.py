@@ -5,6 +5,9 @@
 returned. Waiting is event-driven: :meth:`wait_idle` wakes the moment the last admitted unit is
 released, and :attr:`notice` tells long-lived connections that their stream grace is over.
 
+The admit/release pair runs on every request, so it touches two ints and nothing else: the
+future that :meth:`wait_idle` awaits exists only while somebody waits.
+
 Three flags, three moments of a drain (DESIGN.md §3)::
 
     draining   readiness is off; responses carry ``Connection: close``   (drain begin)
@@ -26,7 +29,7 @@ GateKind = Literal["http", "websocket"]
 class IntakeGate:
     """Admission and in-flight counting for HTTP requests and WebSocket sessions."""
 
-    __slots__ = ("_http", "_idle", "_notice", "_open", "_websocket", "draining")
+    __slots__ = ("_http", "_idle_waiters", "_notice", "_open", "_websocket", "draining")
 
     def __init__(self) -> None:
         self._open = True
@@ -34,8 +37,7 @@ class IntakeGate:
         self._websocket = 0
         #: Readiness is off and responses should move clients away (``Connection: close``).
         self.draining = False
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._idle_waiters: list[asyncio.Future[None]] = []
         self._notice = asyncio.Event()
 
     @property
@@ -55,8 +57,20 @@ class IntakeGate:
             self._http += 1
         else:
             self._websocket += 1
-        self._idle.clear()
         return True
+
+    def admit_http(self) -> bool:
+        """:meth:`try_admit` for ``"http"``, without the kind test (the per-request path)."""
+        if not self._open:
+            return False
+        self._http += 1
+        return True
+
+    def release_http(self) -> None:
+        """:meth:`release` for ``"http"`` (the per-request path)."""
+        self._http -= 1
+        if self._idle_waiters and self._http == 0 and self._websocket == 0:
+            self._wake_idle()
 
     def release(self, kind: GateKind) -> None:
         """Count one admitted unit of ``kind`` as finished."""
@@ -64,8 +78,14 @@ class IntakeGate:
             self._http -= 1
         else:
             self._websocket -= 1
-        if self._http == 0 and self._websocket == 0:
-            self._idle.set()
+        if self._idle_waiters and self._http == 0 and self._websocket == 0:
+            self._wake_idle()
+
+    def _wake_idle(self) -> None:
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def begin_draining(self) -> None:
         """Readiness off: admission continues, responses start asking clients to reconnect."""
@@ -88,7 +108,11 @@ class IntakeGate:
 
     async def wait_idle(self) -> None:
         """Return once no HTTP request or WebSocket session is in flight."""
-        await self._idle.wait()
+        if self._http == 0 and self._websocket == 0:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._idle_waiters.append(waiter)
+        await waiter
 
     def counters(self) -> dict[GateKind, int]:
         """A snapshot of in-flight units per kind."""
