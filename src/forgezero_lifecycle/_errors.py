@@ -36,7 +36,8 @@ subclasses :class:`RuntimeError`, an unknown name subclasses :class:`LookupError
     │   └── TaskCancelledError                    QUEUE_TASK_CANCELLED
     ├── ScheduleError
     │   ├── ScheduleInvalid (ValueError)          SCHEDULE_INVALID
-    │   └── ScheduleNotFound (LookupError)        SCHEDULE_NOT_FOUND
+    │   ├── ScheduleNotFound (LookupError)        SCHEDULE_NOT_FOUND
+    │   └── ScheduleIntakePaused (RuntimeError)   SCHEDULE_INTAKE_PAUSED
     └── JobError
         ├── IdempotencyConflict (ValueError)      JOB_IDEMPOTENCY_CONFLICT
         ├── LeaseLostError (RuntimeError)         JOB_LEASE_LOST
@@ -76,6 +77,7 @@ __all__ = [
     "QueueStoppedError",
     "RemoteError",
     "ScheduleError",
+    "ScheduleIntakePaused",
     "ScheduleInvalid",
     "ScheduleNotFound",
     "StateConflict",
@@ -265,6 +267,10 @@ class ScheduleInvalid(ScheduleError, ValueError):
 
 class ScheduleNotFound(ScheduleError, LookupError):
     codes = ("SCHEDULE_NOT_FOUND",)
+
+
+class ScheduleIntakePaused(ScheduleError, RuntimeError):
+    codes = ("SCHEDULE_INTAKE_PAUSED",)
 
 
 class JobError(LifecycleError):

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from forgezero_lifecycle._errors import ScheduleInvalid, ScheduleNotFound
+from forgezero_lifecycle._errors import ScheduleIntakePaused, ScheduleInvalid, ScheduleNotFound
 from forgezero_lifecycle.core.participant import WorkParticipant
 from forgezero_lifecycle.core.scheduler import Scheduler
 from forgezero_lifecycle.testing import ManualClock, settle
@@ -478,3 +478,43 @@ async def test_participant_drain_returns_at_the_timeout_without_cancelling(
     job.gate.set()
     await scheduler.stop()
     assert scheduler.job_status("slow").last_result == "ok"
+
+
+@pytest.mark.anyio
+async def test_run_now_is_refused_while_a_drain_holds_intake_closed(clock: ManualClock) -> None:
+    """Nothing is admitted after the drain closes intake: run_now raises, no run starts."""
+    scheduler = make(clock)
+    job = Counter()
+    scheduler.add("report", job, every=60)
+    scheduler.start()
+    participant = scheduler.participant()
+    participant.pause_intake()
+    with pytest.raises(ScheduleIntakePaused) as caught:
+        await scheduler.run_now("report")
+    assert caught.value.code == "SCHEDULE_INTAKE_PAUSED"
+    assert job.runs == 0
+    assert scheduler.status().intake_closed
+    participant.resume_intake()
+    await scheduler.run_now("report")
+    assert job.runs == 1
+    await scheduler.stop()
+
+
+@pytest.mark.anyio
+async def test_rollback_keeps_an_operators_pause(clock: ManualClock) -> None:
+    """A scheduler the operator paused before the drain stays paused after rollback."""
+    scheduler = make(clock)
+    job = Counter()
+    scheduler.add("report", job, every=10)
+    scheduler.start()
+    scheduler.pause()
+    participant = scheduler.participant()
+    participant.pause_intake()
+    participant.resume_intake()
+    await clock.advance(100)
+    assert job.runs == 0
+    assert scheduler.status().paused
+    scheduler.resume()
+    await clock.advance(10)
+    assert job.runs == 1
+    await scheduler.stop()

@@ -14,6 +14,9 @@ Rules:
   tick from the resume time (``resume + every``, or the first cron time after ``now()``).
 * A job never overlaps itself: a tick that finds the previous run still going is skipped and
   counted in ``skipped_overlaps``; ``run_now`` on a running job waits for that run instead.
+* A drain closes the scheduler's intake (:meth:`Scheduler.close_intake`): no tick fires and
+  ``run_now`` raises :class:`ScheduleIntakePaused` until :meth:`Scheduler.reopen_intake`. This is
+  separate from an operator's ``pause()``, which a rollback does not undo.
 * An exception in a job never stops the scheduler: it is logged on the
   ``forgezero_lifecycle.scheduler`` logger and recorded in the job's status
   (``last_result="error"``, ``last_error``, ``consecutive_failures``, reset by the next success).
@@ -32,7 +35,7 @@ from typing import Literal, Self, TypeVar, final
 from cronsim import CronSim, CronSimError
 
 from .._clock import Clock, SystemClock
-from .._errors import ScheduleInvalid, ScheduleNotFound
+from .._errors import ScheduleIntakePaused, ScheduleInvalid, ScheduleNotFound
 from .participant import ParticipantKind
 from .queue import wait_event
 
@@ -82,6 +85,7 @@ class SchedulerStatus:
 
     started: bool
     paused: bool
+    intake_closed: bool
     running: int
     jobs: tuple[JobStatus, ...]
 
@@ -131,6 +135,7 @@ class Scheduler:
         self._timers: set[asyncio.Task[None]] = set()
         self._started = False
         self._paused = False
+        self._intake_closed = False
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -216,9 +221,25 @@ class Scheduler:
         for job in self._jobs.values():
             self._arm(job)
 
+    def close_intake(self) -> None:
+        """A drain's fence: no tick fires and ``run_now`` is refused; running runs finish."""
+        self._intake_closed = True
+        for job in self._jobs.values():
+            self._disarm(job)
+
+    def reopen_intake(self) -> None:
+        """Undo :meth:`close_intake` (rollback); an operator's :meth:`pause` stays in force."""
+        self._intake_closed = False
+        for job in self._jobs.values():
+            self._arm(job)
+
     async def run_now(self, name: str) -> JobStatus:
         """Run ``name`` now (or wait for its run in progress) and return its status after it."""
         job = self._job(name)
+        if self._intake_closed:
+            raise ScheduleIntakePaused(
+                detail="the runtime is draining; run it on the new generation"
+            )
         run = job.run if job.run is not None and job.running else self._launch(job)
         await asyncio.wait((run,))
         return self._status_of(job)
@@ -228,6 +249,7 @@ class Scheduler:
         return SchedulerStatus(
             started=self._started,
             paused=self._paused,
+            intake_closed=self._intake_closed,
             running=self.in_flight(),
             jobs=tuple(self._status_of(job) for job in self._jobs.values()),
         )
@@ -255,7 +277,7 @@ class Scheduler:
             raise ScheduleNotFound(detail=f"no job named {name!r} is scheduled") from None
 
     def _arm(self, job: _Job) -> None:
-        if not self._started or self._paused or job.timer is not None:
+        if not self._started or self._paused or self._intake_closed or job.timer is not None:
             return
         if job.every is not None:
             job.next_due = self._clock.monotonic() + job.every
@@ -378,11 +400,11 @@ class SchedulerParticipant:
         return self._scheduler.in_flight()
 
     def pause_intake(self) -> None:
-        self._scheduler.pause()
+        self._scheduler.close_intake()
 
     async def drain(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for running runs; they are never cancelled here."""
         await self._scheduler.wait_idle(timeout)
 
     def resume_intake(self) -> None:
-        self._scheduler.resume()
+        self._scheduler.reopen_intake()
