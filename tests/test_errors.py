@@ -1,0 +1,134 @@
+"""The exception tree and its stable codes are part of the public contract."""
+
+from __future__ import annotations
+
+import pytest
+
+from forgezero_lifecycle import _errors as errors
+
+#: Every class, its direct library parent, its builtin base (if any) and its codes.
+TREE = {
+    "ConfigurationError": ("LifecycleError", ValueError, ("RUNTIME_CONFIG_INVALID",)),
+    "DrainRequestInvalid": ("DrainError", ValueError, ("RUNTIME_DRAIN_REQUEST_INVALID",)),
+    "DrainConflict": (
+        "DrainError",
+        RuntimeError,
+        ("RUNTIME_DRAIN_ALREADY_STARTED", "RUNTIME_DRAIN_REVISION_MISMATCH"),
+    ),
+    "DrainNotFound": ("DrainError", LookupError, ("RUNTIME_DRAIN_NOT_FOUND",)),
+    "DrainCountersInvalid": ("DrainError", ValueError, ("RUNTIME_DRAIN_COUNTERS_INVALID",)),
+    "DrainFailed": (
+        "DrainError",
+        RuntimeError,
+        ("RUNTIME_DRAIN_FAILED", "RUNTIME_DRAIN_TIMEOUT", "RUNTIME_DRAIN_NOT_IDLE"),
+    ),
+    "StateInputInvalid": (
+        "StateError",
+        ValueError,
+        (
+            "RUNTIME_STATE_REQUEST_INVALID",
+            "RUNTIME_STATE_SOURCE_INVALID",
+            "RUNTIME_STATE_REVISION_INVALID",
+            "RUNTIME_STATE_VALUE_INVALID",
+            "RUNTIME_STATE_ADAPTER_INVALID",
+        ),
+    ),
+    "StateConflict": (
+        "StateError",
+        RuntimeError,
+        ("RUNTIME_STATE_ALREADY_STARTED", "RUNTIME_STATE_NOT_DRAINING"),
+    ),
+    "StateNotFound": ("StateError", LookupError, ("RUNTIME_STATE_NOT_FOUND",)),
+    "StateExportError": (
+        "StateError",
+        ValueError,
+        ("RUNTIME_STATE_EXPORT_INVALID", "RUNTIME_STATE_EXPORT_TOO_LARGE"),
+    ),
+    "StateTransferFailed": (
+        "StateError",
+        RuntimeError,
+        (
+            "RUNTIME_STATE_FAILED",
+            "RUNTIME_STATE_SOURCE_TOO_LARGE",
+            "RUNTIME_STATE_SOURCE_UNREACHABLE",
+            "RUNTIME_STATE_TIMEOUT",
+            "RUNTIME_STATE_ENVELOPE_INVALID",
+            "RUNTIME_STATE_ENVELOPE_TOO_LARGE",
+            "RUNTIME_STATE_DIGEST_MISMATCH",
+        ),
+    ),
+    "Unauthorized": ("ControlError", None, ("RUNTIME_UNAUTHORIZED",)),
+    "BodyTooLarge": ("ControlError", ValueError, ("RUNTIME_BODY_TOO_LARGE",)),
+    "ContentTypeInvalid": ("ControlError", ValueError, ("RUNTIME_CONTENT_TYPE",)),
+    "ControlPathNotFound": ("ControlError", LookupError, ("RUNTIME_NOT_FOUND",)),
+    "ControlUnreachable": ("ControlError", ConnectionError, ("RUNTIME_UNREACHABLE",)),
+    "ScheduleInvalid": ("ScheduleError", ValueError, ("SCHEDULE_INVALID",)),
+    "ScheduleNotFound": ("ScheduleError", LookupError, ("SCHEDULE_NOT_FOUND",)),
+    "ScheduleIntakePaused": ("ScheduleError", RuntimeError, ("SCHEDULE_INTAKE_PAUSED",)),
+    "IdempotencyConflict": ("JobError", ValueError, ("JOB_IDEMPOTENCY_CONFLICT",)),
+    "LeaseLostError": ("JobError", RuntimeError, ("JOB_LEASE_LOST",)),
+    "JobHandlerUnknown": ("JobError", LookupError, ("JOB_HANDLER_UNKNOWN",)),
+    "JobStoreError": ("JobError", RuntimeError, ("JOB_STORE_UNAVAILABLE", "JOB_STORE_SCHEMA")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TREE))
+def test_each_error_has_its_place_and_codes(name: str) -> None:
+    """Each class sits under its family and its builtin base, with exactly its codes."""
+    parent, builtin, codes = TREE[name]
+    cls = getattr(errors, name)
+    assert issubclass(cls, getattr(errors, parent))
+    assert issubclass(cls, errors.LifecycleError)
+    if builtin is not None:
+        assert issubclass(cls, builtin)
+    assert cls.codes == codes
+    for code in codes:
+        error = cls(code)
+        assert error.code == code
+        assert str(error) == code
+
+
+def test_an_error_refuses_a_code_of_another_family() -> None:
+    """A code belongs to one class: constructing with a foreign code is a programming error."""
+    with pytest.raises(TypeError):
+        errors.DrainNotFound("RUNTIME_STATE_NOT_FOUND")
+
+
+def test_http_status_codes_travel_by_prefix() -> None:
+    """RUNTIME_STATE_SOURCE_HTTP_<status> is one family of codes carried by StateTransferFailed."""
+    assert errors.StateTransferFailed("RUNTIME_STATE_SOURCE_HTTP_302").code.endswith("302")
+
+
+@pytest.mark.parametrize("name", sorted(TREE))
+def test_error_for_code_rebuilds_the_typed_error(name: str) -> None:
+    """A client rebuilds the server's typed error from the wire code alone."""
+    for code in TREE[name][2]:
+        rebuilt = errors.error_for_code(code, "detail")
+        assert type(rebuilt) is getattr(errors, name)
+        assert (rebuilt.code, rebuilt.detail) == (code, "detail")
+
+
+def test_unknown_codes_become_remote_errors() -> None:
+    """A code from a newer server is kept verbatim rather than lost."""
+    rebuilt = errors.error_for_code("RUNTIME_SOMETHING_NEW")
+    assert isinstance(rebuilt, errors.RemoteError)
+    assert rebuilt.code == "RUNTIME_SOMETHING_NEW"
+
+
+def test_queue_errors_carry_codes_and_helpful_text() -> None:
+    """Queue refusals say what happened and what to do, with their stable codes."""
+    assert errors.QueueStoppedError().code == "QUEUE_STOPPED"
+    assert "new generation" in str(errors.QueueIntakePausedError())
+    stopped = errors.QueueKeyStoppedError("user-7")
+    assert (stopped.code, stopped.key) == ("QUEUE_KEY_STOPPED", "user-7")
+    assert errors.TaskCancelledError().code == "QUEUE_TASK_CANCELLED"
+
+
+def test_every_public_error_is_in_the_tree_test() -> None:
+    """A new error class must be added here (and to the docstring's tree) on purpose."""
+    families = {"LifecycleError", "DrainError", "StateError", "ControlError", "QueueError"}
+    families |= {"ScheduleError", "JobError", "RemoteError", "MethodNotAllowed"}
+    queue = {"QueueStoppedError", "QueueIntakePausedError", "QueueKeyStoppedError"}
+    queue |= {"TaskCancelledError"}
+    classes = {name for name in errors.__all__ if name[0].isupper()}
+    assert classes == set(TREE) | families | queue
