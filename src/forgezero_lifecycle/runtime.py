@@ -38,6 +38,7 @@ from .core.drain import DrainController
 from .core.gate import IntakeGate
 from .core.handoff import StateAdapter, StateHandoffController
 from .core.participant import WorkParticipant
+from .core.scheduler import SchedulerParticipant
 from .wire.drain import WorkCounters
 
 __all__ = ["Runtime"]
@@ -155,9 +156,8 @@ class Runtime:
     def _schedules_status(self) -> list[object]:
         result: list[object] = []
         for participant in self._participants:
-            status = getattr(participant, "schedule_status", None)
-            if callable(status):
-                result.extend(status())
+            if isinstance(participant, SchedulerParticipant):
+                result.extend(job.to_dict() for job in participant.scheduler.status().jobs)
         return result
 
     # The drain's steps, called by _Dependencies.

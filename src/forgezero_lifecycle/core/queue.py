@@ -372,8 +372,13 @@ class QueueParticipant:
         self._queue.pause_intake()
 
     async def drain(self, timeout: float) -> None:
-        """Wait for :meth:`KeyedQueue.when_idle` up to ``timeout``; queued work is kept."""
-        await self._queue.wait_idle(timeout)
+        """Wait for :meth:`KeyedQueue.when_idle`; queued work is kept and never cancelled.
+
+        Memory work cannot be handed to the next generation, so this waits past ``timeout``
+        and lets the drain's own deadline decide (failed ``RUNTIME_DRAIN_TIMEOUT``, with the
+        work still counted under ``jobs``).
+        """
+        await self._queue.when_idle()
 
     def resume_intake(self) -> None:
         self._queue.resume_intake()

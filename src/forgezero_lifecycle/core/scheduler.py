@@ -262,6 +262,10 @@ class Scheduler:
         """How many runs are going now."""
         return sum(1 for job in self._jobs.values() if job.running)
 
+    async def when_idle(self) -> None:
+        """Return once no run is going."""
+        await self._idle.wait()
+
     async def wait_idle(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds on the clock for no run to be going; True if so."""
         return await wait_event(self._idle, self._clock, timeout)
@@ -396,6 +400,10 @@ class SchedulerParticipant:
     def kind(self) -> ParticipantKind:
         return "schedules"
 
+    @property
+    def scheduler(self) -> Scheduler:
+        return self._scheduler
+
     def in_flight(self) -> int:
         return self._scheduler.in_flight()
 
@@ -403,8 +411,12 @@ class SchedulerParticipant:
         self._scheduler.close_intake()
 
     async def drain(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for running runs; they are never cancelled here."""
-        await self._scheduler.wait_idle(timeout)
+        """Wait for running runs to end; they are never cancelled here.
+
+        A run cannot be handed to the next generation, so this waits past ``timeout`` and lets
+        the drain's own deadline decide (failed, with the run counted under ``schedules``).
+        """
+        await self._scheduler.when_idle()
 
     def resume_intake(self) -> None:
         self._scheduler.reopen_intake()
