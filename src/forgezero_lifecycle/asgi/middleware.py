@@ -22,7 +22,8 @@ No per-request state lives on ``self``; everything per request is a local or a c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterable
 from typing import Final, final
 
 from ..core.gate import IntakeGate
@@ -84,6 +85,7 @@ class InFlightMiddleware:
             return
         gate = self._gate
         if not gate.admit_http():
+            await _discard_body(scope, receive)
             await send(
                 {"type": "http.response.start", "status": 503, "headers": self._refusal_headers}
             )
@@ -92,7 +94,9 @@ class InFlightMiddleware:
         responder = _HttpResponder(gate, receive, send)
         try:
             await self.app(scope, responder.receive, responder.send)
-            if responder.flags & _CUT_SHORT == _CUT_SHORT_UNFINISHED:
+            if responder.flags & _CUT_SHORT == _CUT_SHORT_UNFINISHED and not _declares_length(
+                responder.head
+            ):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             gate.release_http()
@@ -162,13 +166,15 @@ _CUT_SHORT_UNFINISHED: Final = _STARTED | _DISCONNECTED
 class _HttpResponder:
     """Per-request state of one admitted HTTP request (slotted: this runs on every request)."""
 
-    __slots__ = ("_gate", "_receive", "_send", "flags")
+    __slots__ = ("_gate", "_receive", "_send", "flags", "head")
 
     def __init__(self, gate: IntakeGate, receive: Receive, send: Send) -> None:
         self._gate = gate
         self._receive = receive
         self._send = send
         self.flags = 0
+        #: The response start's headers, looked at only when the drain cuts the response short.
+        self.head: Iterable[tuple[bytes, bytes]] = ()
 
     async def receive(self) -> Message:
         if not self.flags & _BODY_DONE:
@@ -186,6 +192,7 @@ class _HttpResponder:
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.flags |= _STARTED
+            self.head = message.get("headers", ())
             if self._gate.draining:
                 message = _with_connection_close(message)
         elif not message.get("more_body", False):
@@ -217,3 +224,29 @@ def _with_connection_close(message: Message) -> Message:
             return message
     headers.append((b"connection", b"close"))
     return {**message, "headers": headers}
+
+
+#: A refused request's body is read up to this much (and this long) before the 503 is sent, so
+#: the close that follows does not reset the connection under the client's feet.
+_REFUSAL_READ_BYTES: Final = 4 * 1024 * 1024
+_REFUSAL_READ_SECONDS: Final = 1.0
+
+
+async def _discard_body(scope: Scope, receive: Receive) -> None:
+    """Read and drop a refused request's body, within bounds; never for Expect: 100-continue."""
+    for name, value in scope.get("headers", ()):
+        if name == b"expect" and value.lower() == b"100-continue":
+            return  # the client waits for our answer before it sends the body
+    seen = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_REFUSAL_READ_SECONDS):
+            while seen <= _REFUSAL_READ_BYTES:
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    return
+                seen += len(message.get("body", b""))
+
+
+def _declares_length(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """True when the response announced its length: an empty last chunk cannot end it early."""
+    return any(name.lower() == b"content-length" for name, _ in headers)

@@ -1,0 +1,1 @@
+"""Runnable examples of forgezero-lifecycle (``uvicorn examples.<name>.app:app``)."""

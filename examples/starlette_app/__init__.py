@@ -1,0 +1,1 @@
+"""A Starlette service that hands over to its next generation with nothing lost."""

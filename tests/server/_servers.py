@@ -1,0 +1,149 @@
+"""Start and stop real ASGI servers as subprocesses on free loopback ports.
+
+Every wait is bounded; every process is ended by its own PID and waited for; the server's output
+goes to a log file the tests read (a pipe could fill up and stall the server).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import httpx
+
+__all__ = ["SERVER_KINDS", "RunningServer", "free_port", "start_server", "stop_server"]
+
+PROJECT_ROOT: Final = Path(__file__).resolve().parents[2]
+LIVE_PATH: Final = "/.forgezero/runtime/live"
+STARTUP_TIMEOUT: Final = 30.0
+SHUTDOWN_TIMEOUT: Final = 10.0
+
+#: The servers every real-server test runs against.
+SERVER_KINDS: Final = ("uvicorn-h11", "uvicorn-httptools", "hypercorn")
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (the uvicorn CLI cannot bind port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _command(kind: str, target: str, port: int) -> list[str]:
+    if kind.startswith("uvicorn-"):
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            target,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--http",
+            kind.removeprefix("uvicorn-"),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+            "--timeout-graceful-shutdown",
+            "3",
+        ]
+    if kind == "hypercorn":
+        return [
+            sys.executable,
+            "-m",
+            "hypercorn",
+            target,
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--error-logfile",
+            "-",
+            "--log-level",
+            "warning",
+            "--graceful-timeout",
+            "3",
+        ]
+    raise ValueError(f"unknown server kind {kind!r}; expected one of {SERVER_KINDS}")
+
+
+@dataclass
+class RunningServer:
+    """One server process and where to reach it."""
+
+    kind: str
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def ws_url(self) -> str:
+        return "ws" + self.url.removeprefix("http")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_server(
+    kind: str, target: str, *, log_path: Path, environment: Mapping[str, str]
+) -> RunningServer:
+    """Start ``target`` (``module:app``) under ``kind``; return once its liveness probe answers."""
+    port = free_port()
+    env = {**os.environ, **environment}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(PROJECT_ROOT), env.get("PYTHONPATH"))))
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            _command(kind, target, port),
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    server = RunningServer(kind, f"http://127.0.0.1:{port}", process, log_path)
+    try:
+        _wait_until_live(server)
+    except BaseException:
+        stop_server(server)
+        raise
+    return server
+
+
+def _wait_until_live(server: RunningServer) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    with httpx.Client(timeout=1.0) as client:
+        while True:
+            if server.process.poll() is not None:
+                raise RuntimeError(
+                    f"{server.kind} exited with {server.process.returncode}:\n{server.log()}"
+                )
+            try:
+                if client.get(server.url + LIVE_PATH).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{server.kind} did not answer {LIVE_PATH} within {STARTUP_TIMEOUT} s:\n"
+                    f"{server.log()}"
+                )
+            time.sleep(0.05)
+
+
+def stop_server(server: RunningServer) -> None:
+    """Terminate by PID and wait; kill if it does not stop within the bound."""
+    process = server.process
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=SHUTDOWN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=SHUTDOWN_TIMEOUT)

@@ -1,0 +1,96 @@
+"""The app the real-server tests run: slow, streaming and WebSocket endpoints behind a Runtime.
+
+Configured from the environment the fixture sets (the library itself reads none)::
+
+    FORGEZERO_CONTROL_TOKEN   control token (required)
+    FORGEZERO_REVISION        the revision this generation runs (40 lowercase hex)
+    FORGEZERO_STREAM_GRACE    seconds before open streams and WebSockets get the drain notice
+
+``/_test/counters`` is exempt from the gate (never counted, never refused): the tests poll it to
+know a request is admitted before they begin a drain, without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from forgezero_lifecycle.asgi._types import Scope
+from forgezero_lifecycle.runtime import Runtime
+
+TEST_PREFIX = "/_test/"
+
+
+def _exempt(scope: Scope) -> bool:
+    path: str = scope["path"]
+    return path.startswith(TEST_PREFIX)
+
+
+runtime = Runtime(
+    control_token=os.environ["FORGEZERO_CONTROL_TOKEN"],
+    revision=os.environ.get("FORGEZERO_REVISION"),
+    stream_grace=float(os.environ.get("FORGEZERO_STREAM_GRACE", "0.5")),
+    exempt=_exempt,
+)
+
+
+async def fast(request: Request) -> Response:
+    return JSONResponse({"ok": True})
+
+
+async def slow(request: Request) -> Response:
+    seconds = float(request.query_params.get("seconds", "1"))
+    await asyncio.sleep(seconds)
+    return JSONResponse({"slept": seconds})
+
+
+async def stream(request: Request) -> Response:
+    """``chunks`` chunks, ``interval`` seconds apart; never looks at the drain itself.
+
+    With ``length=1`` the response declares its Content-Length instead of being chunked.
+    """
+    chunks = int(request.query_params.get("chunks", "3"))
+    interval = float(request.query_params.get("interval", "0.1"))
+
+    async def body() -> AsyncIterator[bytes]:
+        for index in range(chunks):
+            if index:
+                await asyncio.sleep(interval)
+            yield f"chunk {index}\n".encode()
+
+    headers = {}
+    if request.query_params.get("length"):  # declare the whole length up front: no chunking
+        headers["content-length"] = str(sum(len(f"chunk {i}\n") for i in range(chunks)))
+    return StreamingResponse(body(), media_type="text/plain", headers=headers)
+
+
+async def echo(websocket: WebSocket) -> None:
+    await websocket.accept()
+    try:
+        while True:
+            await websocket.send_text(await websocket.receive_text())
+    except WebSocketDisconnect:
+        pass
+
+
+async def counters(request: Request) -> Response:
+    return JSONResponse(runtime.counters().model_dump())
+
+
+app = Starlette(
+    routes=[
+        Route("/fast", fast),
+        Route("/slow", slow),
+        Route("/stream", stream),
+        WebSocketRoute("/ws", echo),
+        Route(TEST_PREFIX + "counters", counters),
+    ]
+)
+runtime.install(app)
