@@ -39,7 +39,7 @@ from .._errors import ScheduleIntakePaused, ScheduleInvalid, ScheduleNotFound
 from .participant import ParticipantKind
 from .queue import wait_event
 
-__all__ = ["JobStatus", "Scheduler", "SchedulerParticipant", "SchedulerStatus"]
+__all__ = ["ScheduledJobStatus", "Scheduler", "SchedulerParticipant", "SchedulerStatus"]
 
 _log = logging.getLogger("forgezero_lifecycle.scheduler")
 _ERROR_TEXT_LIMIT = 500
@@ -54,7 +54,7 @@ def _iso(value: datetime | None) -> str | None:
 
 @final
 @dataclass(frozen=True, slots=True)
-class JobStatus:
+class ScheduledJobStatus:
     """One job, as somebody reading an incident needs it."""
 
     name: str
@@ -87,7 +87,7 @@ class SchedulerStatus:
     paused: bool
     intake_closed: bool
     running: int
-    jobs: tuple[JobStatus, ...]
+    jobs: tuple[ScheduledJobStatus, ...]
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready snake_case fields."""
@@ -96,7 +96,7 @@ class SchedulerStatus:
 
 @final
 class _Job:
-    """The mutable record behind a :class:`JobStatus`."""
+    """The mutable record behind a :class:`ScheduledJobStatus`."""
 
     __slots__ = (
         "consecutive_failures", "cron", "every", "failures", "fn", "last_duration",
@@ -233,7 +233,7 @@ class Scheduler:
         for job in self._jobs.values():
             self._arm(job)
 
-    async def run_now(self, name: str) -> JobStatus:
+    async def run_now(self, name: str) -> ScheduledJobStatus:
         """Run ``name`` now (or wait for its run in progress) and return its status after it."""
         job = self._job(name)
         if self._intake_closed:
@@ -254,7 +254,7 @@ class Scheduler:
             jobs=tuple(self._status_of(job) for job in self._jobs.values()),
         )
 
-    def job_status(self, name: str) -> JobStatus:
+    def job_status(self, name: str) -> ScheduledJobStatus:
         """The status of one job; :class:`ScheduleNotFound` for an unknown name."""
         return self._status_of(self._job(name))
 
@@ -366,11 +366,11 @@ class Scheduler:
         job.failures += 1
         job.consecutive_failures += 1
 
-    def _status_of(self, job: _Job) -> JobStatus:
+    def _status_of(self, job: _Job) -> ScheduledJobStatus:
         next_run_at = job.next_cron
         if job.next_due is not None:
             next_run_at = self._now() + timedelta(seconds=job.next_due - self._clock.monotonic())
-        return JobStatus(
+        return ScheduledJobStatus(
             name=job.name,
             every=job.every,
             cron=job.cron,
