@@ -223,3 +223,31 @@ async def test_drain_waits_for_an_in_flight_request() -> None:
             response = await pending
             assert (response.text, response.headers["connection"]) == ("done", "close")
             assert await runtime.drain.wait() == "drained"
+
+
+async def test_an_early_answer_reads_the_rest_of_the_body_first() -> None:
+    """A 401 sent before the body was read still consumes it, so the client sees the answer."""
+    runtime = Runtime(control_token=TOKEN)
+    events: list[str] = []
+    chunks = [
+        {"type": "http.request", "body": b'{"nonce"', "more_body": True},
+        {"type": "http.request", "body": b":1}", "more_body": False},
+    ]
+
+    async def receive() -> dict[str, Any]:
+        events.append("receive")
+        return chunks.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        events.append(message["type"])
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": BEGIN,
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json")],
+    }
+    await runtime.control(scope, receive, send)
+    assert events == ["receive", "receive", "http.response.start", "http.response.body"]

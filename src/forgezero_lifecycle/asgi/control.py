@@ -37,7 +37,8 @@ from .._errors import (
 from ..core.drain import DrainController
 from ..core.handoff import StateHandoffController
 from ..wire import paths
-from ._types import Receive, Scope, Send
+from ._body import discard_body
+from ._types import Message, Receive, Scope, Send
 
 __all__ = ["MAX_CONTROL_BODY_BYTES", "ControlApp", "status_for"]
 
@@ -117,7 +118,16 @@ class ControlApp:
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1008})
             return
-        request = Request(scope, receive)
+        body_read = False
+
+        async def tracked_receive() -> Message:
+            nonlocal body_read
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_read = True
+            return message
+
+        request = Request(scope, tracked_receive)
         try:
             response = await self._dispatch(request)
         except LifecycleError as error:
@@ -125,6 +135,10 @@ class ControlApp:
         except Exception:
             logger.exception("control.internal_error path=%s", request.url.path)
             response = _json({"error": "RUNTIME_INTERNAL_ERROR"}, 500)
+        if not body_read:
+            # An answer given before the body was read (401, 413, 415…): read the rest first,
+            # so the client sees the answer and a keep-alive connection stays usable.
+            await discard_body(scope, receive)
         await response(scope, receive, send)
 
     async def _dispatch(self, request: Request) -> Response:

@@ -22,12 +22,12 @@ No per-request state lives on ``self``; everything per request is a local or a c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterable
 from typing import Final, final
 
 from ..core.gate import IntakeGate
 from ..wire.paths import CONTROL_PREFIX
+from ._body import discard_body
 from ._types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["InFlightMiddleware"]
@@ -85,7 +85,7 @@ class InFlightMiddleware:
             return
         gate = self._gate
         if not gate.admit_http():
-            await _discard_body(scope, receive)
+            await discard_body(scope, receive)
             await send(
                 {"type": "http.response.start", "status": 503, "headers": self._refusal_headers}
             )
@@ -224,27 +224,6 @@ def _with_connection_close(message: Message) -> Message:
             return message
     headers.append((b"connection", b"close"))
     return {**message, "headers": headers}
-
-
-#: A refused request's body is read up to this much (and this long) before the 503 is sent, so
-#: the close that follows does not reset the connection under the client's feet.
-_REFUSAL_READ_BYTES: Final = 4 * 1024 * 1024
-_REFUSAL_READ_SECONDS: Final = 1.0
-
-
-async def _discard_body(scope: Scope, receive: Receive) -> None:
-    """Read and drop a refused request's body, within bounds; never for Expect: 100-continue."""
-    for name, value in scope.get("headers", ()):
-        if name == b"expect" and value.lower() == b"100-continue":
-            return  # the client waits for our answer before it sends the body
-    seen = 0
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(_REFUSAL_READ_SECONDS):
-            while seen <= _REFUSAL_READ_BYTES:
-                message = await receive()
-                if message["type"] != "http.request" or not message.get("more_body", False):
-                    return
-                seen += len(message.get("body", b""))
 
 
 def _declares_length(headers: Iterable[tuple[bytes, bytes]]) -> bool:
