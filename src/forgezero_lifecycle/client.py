@@ -1,0 +1,396 @@
+"""The orchestrator's side of the control protocol: an httpx client for every control endpoint.
+
+::
+
+    async with ControlClient("http://127.0.0.1:8000", token=control_token) as client:
+        request = drain_request(source_revision=OLD, target_revision=NEW, timeout_ms=30_000)
+        await client.begin_drain(request)
+        status = await client.wait_drained(request.nonce, on_progress=print)
+
+Answers are the wire models (:class:`DrainStatus`, :class:`StateHandoffStatus`, ...). An error
+body ``{"error": CODE}`` becomes the library's typed error for that code
+(:func:`~forgezero_lifecycle._errors.error_for_code`); a server that cannot be reached raises
+:class:`~forgezero_lifecycle._errors.ControlUnreachable`.
+
+Retries: every control call is safe to repeat (reads; ``begin`` with the same request is
+acknowledged as a duplicate by design; a rollback of the same nonce returns the same status), so
+transport failures and gateway answers (502/503/504 without a control-plane error body) are
+retried with a short backoff. An answer of the control plane itself is never retried.
+
+Tokens travel only in the ``Authorization`` header (and, for a handoff, in the request body the
+new generation needs); they are never logged and never part of an error message. Proxy settings
+from the environment are ignored: the control plane is reached directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Callable, Coroutine
+from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar, final
+
+import httpx
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from ._errors import ConfigurationError, ControlUnreachable, RemoteError, error_for_code
+from .wire import paths
+from .wire.drain import DRAIN_PROTOCOL, DrainAccepted, DrainRequest, DrainStatus
+from .wire.handoff import StateEnvelope, StateHandoffRequest, StateHandoffStatus, StateSource
+
+__all__ = [
+    "ControlClient",
+    "SyncControlClient",
+    "drain_request",
+    "handoff_request",
+    "new_nonce",
+]
+
+logger = logging.getLogger("forgezero_lifecycle.client")
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+P = ParamSpec("P")
+
+DEFAULT_TIMEOUT: Final = 10.0
+DEFAULT_RETRIES: Final = 3
+DEFAULT_POLL_INTERVAL: Final = 0.25
+_BACKOFF_FIRST: Final = 0.1
+_BACKOFF_MAX: Final = 1.0
+_GATEWAY_STATUSES: Final = frozenset({502, 503, 504})
+_FINAL_DRAIN: Final = frozenset({"drained", "failed", "rolled-back"})
+_FINAL_HANDOFF: Final = frozenset({"acknowledged", "failed"})
+
+_NOT_READY: Final = frozenset({503})
+
+_Auth = Literal["control", "handoff", "none"]
+
+
+def new_nonce() -> str:
+    """A fresh nonce: 32 random bytes as 43 base64url characters (``secrets.token_urlsafe``).
+
+    Never one that starts with ``-``, which a command line would take for a flag.
+    """
+    while (nonce := secrets.token_urlsafe(32)).startswith("-"):
+        pass
+    return nonce
+
+
+def drain_request(
+    *, source_revision: str, target_revision: str, timeout_ms: int, nonce: str | None = None
+) -> DrainRequest:
+    """A validated ``forgezero-drain/v1`` request; a fresh nonce unless one is given."""
+    return DrainRequest(
+        protocol=DRAIN_PROTOCOL,
+        nonce=nonce or new_nonce(),
+        source_revision=source_revision,
+        target_revision=target_revision,
+        timeout_ms=timeout_ms,
+    )
+
+
+def handoff_request(
+    *,
+    protocol: str,
+    schema_version: int,
+    source_revision: str,
+    target_revision: str,
+    source_url: str,
+    handoff_token: str,
+    nonce: str | None = None,
+) -> StateHandoffRequest:
+    """A validated state handoff request: the new generation fetches ``source_url`` itself."""
+    return StateHandoffRequest(
+        protocol=protocol,
+        nonce=nonce or new_nonce(),
+        schema_version=schema_version,
+        source_revision=source_revision,
+        target_revision=target_revision,
+        source=StateSource(url=source_url, authorization=f"Bearer {handoff_token}"),
+    )
+
+
+@final
+class ControlClient:
+    """An async client of one generation's control plane (``url`` is its base URL)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        handoff_token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int = DEFAULT_RETRIES,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        try:
+            base = httpx.URL(url)
+        except httpx.InvalidURL:
+            raise ConfigurationError(detail="the control URL is not a valid URL") from None
+        if base.userinfo or base.query or base.fragment:
+            raise ConfigurationError(
+                detail="the control URL must not carry credentials, a query or a fragment; "
+                "pass tokens separately"
+            )
+        if base.scheme not in ("http", "https") or not base.host or (base.port or 1) > 65535:
+            raise ConfigurationError(detail=f"the control URL must be http(s)://host[:port]: {url}")
+        self.url = str(base)
+        self._tokens: dict[_Auth, str | None] = {"control": token, "handoff": handoff_token}
+        self._retries = max(0, retries)
+        self._http = httpx.AsyncClient(
+            base_url=base, timeout=timeout, transport=transport, trust_env=False
+        )
+
+    async def __aenter__(self) -> ControlClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # Drain.
+
+    async def begin_drain(self, request: DrainRequest) -> DrainAccepted:
+        """Begin draining; an exact retry of the running drain answers ``duplicate=True``."""
+        body = request.model_dump(mode="json")
+        return await self._call(DrainAccepted, "POST", paths.RUNTIME_DRAIN_BEGIN_PATH, json=body)
+
+    async def drain_status(self, nonce: str) -> DrainStatus:
+        params = {"nonce": nonce}
+        return await self._call(DrainStatus, "GET", paths.RUNTIME_DRAIN_STATUS_PATH, params=params)
+
+    async def wait_drained(
+        self,
+        nonce: str,
+        *,
+        on_progress: Callable[[DrainStatus], object] | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> DrainStatus:
+        """Poll until the drain is drained, failed or rolled back; returns that status.
+
+        ``on_progress`` sees every status polled, the final one included. Bound the wait with
+        ``asyncio.timeout(...)``; giving up does not stop the drain.
+        """
+        return await self._wait(
+            lambda: self.drain_status(nonce),
+            lambda s: s.status in _FINAL_DRAIN,
+            on_progress,
+            poll_interval,
+        )
+
+    async def rollback(self, nonce: str) -> DrainStatus:
+        """Return the generation to serving; the status then says ``rolled-back``."""
+        body = {"nonce": nonce}
+        return await self._call(DrainStatus, "POST", paths.RUNTIME_DRAIN_ROLLBACK_PATH, json=body)
+
+    # State handoff.
+
+    async def export_state(self, source_revision: str, target_revision: str) -> StateEnvelope:
+        """Fetch the draining generation's envelope (needs the handoff token)."""
+        params = {"sourceRevision": source_revision, "targetRevision": target_revision}
+        return await self._call(
+            StateEnvelope, "GET", paths.RUNTIME_STATE_EXPORT_PATH, params=params, auth="handoff"
+        )
+
+    async def begin_handoff(
+        self, request: StateHandoffRequest, *, timeout_ms: int
+    ) -> DrainAccepted:
+        """Ask this (new) generation to fetch and import state from ``request.source``."""
+        body = {**request.model_dump(mode="json"), "timeoutMs": timeout_ms}
+        return await self._call(DrainAccepted, "POST", paths.RUNTIME_STATE_BEGIN_PATH, json=body)
+
+    async def handoff_status(self, nonce: str) -> StateHandoffStatus:
+        params = {"nonce": nonce}
+        return await self._call(
+            StateHandoffStatus, "GET", paths.RUNTIME_STATE_STATUS_PATH, params=params
+        )
+
+    async def wait_handoff(
+        self,
+        nonce: str,
+        *,
+        on_progress: Callable[[StateHandoffStatus], object] | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> StateHandoffStatus:
+        """Poll until the handoff is acknowledged or failed (see :meth:`wait_drained`)."""
+        return await self._wait(
+            lambda: self.handoff_status(nonce),
+            lambda s: s.status in _FINAL_HANDOFF,
+            on_progress,
+            poll_interval,
+        )
+
+    # Probes.
+
+    async def ready(self) -> bool:
+        """True when the generation admits traffic (200), False while draining (503)."""
+        response = await self._send("GET", paths.RUNTIME_READY_PATH, auth="none", accept=_NOT_READY)
+        return response.status_code == 200
+
+    async def live(self) -> bool:
+        response = await self._send("GET", paths.RUNTIME_LIVE_PATH, auth="none")
+        return response.status_code == 200
+
+    # Plumbing.
+
+    async def _wait(
+        self,
+        fetch: Callable[[], Coroutine[Any, Any, M]],
+        done: Callable[[M], bool],
+        on_progress: Callable[[M], object] | None,
+        poll_interval: float,
+    ) -> M:
+        while True:
+            status = await fetch()
+            if on_progress is not None:
+                on_progress(status)
+            if done(status):
+                return status
+            await asyncio.sleep(poll_interval)
+
+    async def _call(
+        self,
+        model: type[M],
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        json: object = None,
+        auth: _Auth = "control",
+    ) -> M:
+        response = await self._send(method, path, params=params, json=json, auth=auth)
+        try:
+            return model.model_validate(orjson.loads(response.content))
+        except (orjson.JSONDecodeError, ValidationError):
+            raise RemoteError(
+                "RUNTIME_RESPONSE_INVALID",
+                detail=f"{method} {path} answered {response.status_code} with an unexpected body",
+            ) from None
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        json: object = None,
+        auth: _Auth,
+        accept: frozenset[int] = frozenset(),
+    ) -> httpx.Response:
+        headers = {"Accept": "application/json"}
+        if auth != "none":
+            token = self._tokens[auth]
+            if token is not None:
+                headers["Authorization"] = f"Bearer {token}"
+        content = None if json is None else orjson.dumps(json)
+        if content is not None:
+            headers["Content-Type"] = "application/json"
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.request(
+                    method, path.lstrip("/"), params=params, content=content, headers=headers
+                )
+            except httpx.TransportError as error:
+                if attempt >= self._retries:
+                    raise ControlUnreachable(
+                        detail=f"cannot reach {self.url} ({type(error).__name__}); "
+                        "is the generation running and the URL right?"
+                    ) from None
+                logger.info(
+                    "client.retry method=%s path=%s error=%s", method, path, type(error).__name__
+                )
+            else:
+                if response.is_success or response.status_code in accept:
+                    return response
+                error_code, detail = _error_body(response)
+                if error_code is not None:
+                    raise error_for_code(error_code, detail)
+                if response.status_code not in _GATEWAY_STATUSES or attempt >= self._retries:
+                    raise RemoteError(
+                        f"RUNTIME_HTTP_{response.status_code}",
+                        detail=f"{method} {path} answered {response.status_code} without a "
+                        "control-plane error body; is this the generation's control URL?",
+                    )
+                logger.info(
+                    "client.retry method=%s path=%s status=%d", method, path, response.status_code
+                )
+            await asyncio.sleep(min(_BACKOFF_MAX, _BACKOFF_FIRST * 2**attempt))
+            attempt += 1
+
+
+def _error_body(response: httpx.Response) -> tuple[str | None, str | None]:
+    try:
+        body = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        return None, None
+    if not isinstance(body, dict) or not isinstance(body.get("error"), str) or not body["error"]:
+        return None, None
+    detail = body.get("detail")
+    return body["error"], detail if isinstance(detail, str) else None
+
+
+def _blocking(
+    method: Callable[Concatenate[ControlClient, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[SyncControlClient, P], T]:
+    """The blocking twin of a :class:`ControlClient` method, same signature and types."""
+
+    def call(self: SyncControlClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._runner.run(method(self._client, *args, **kwargs))
+
+    call.__name__ = method.__name__
+    call.__doc__ = method.__doc__
+    return call
+
+
+@final
+class SyncControlClient:
+    """A blocking facade for scripts: the same calls, run on a private event loop.
+
+    Use it as a context manager, outside any running event loop. ``on_progress`` callbacks run
+    on the calling thread; the waits take a ``timeout`` (seconds, :class:`TimeoutError`).
+    """
+
+    def __init__(self, url: str, **options: Any) -> None:
+        self._runner = asyncio.Runner()
+        self._client = ControlClient(url, **options)
+
+    def __enter__(self) -> SyncControlClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self._runner.run(self._client.aclose())
+        finally:
+            self._runner.close()
+
+    begin_drain = _blocking(ControlClient.begin_drain)
+    drain_status = _blocking(ControlClient.drain_status)
+    rollback = _blocking(ControlClient.rollback)
+    export_state = _blocking(ControlClient.export_state)
+    begin_handoff = _blocking(ControlClient.begin_handoff)
+    handoff_status = _blocking(ControlClient.handoff_status)
+    ready = _blocking(ControlClient.ready)
+    live = _blocking(ControlClient.live)
+
+    def wait_drained(
+        self, nonce: str, *, timeout: float | None = None, **options: Any
+    ) -> DrainStatus:
+        return self._runner.run(_within(timeout, self._client.wait_drained(nonce, **options)))
+
+    def wait_handoff(
+        self, nonce: str, *, timeout: float | None = None, **options: Any
+    ) -> StateHandoffStatus:
+        return self._runner.run(_within(timeout, self._client.wait_handoff(nonce, **options)))
+
+
+async def _within(seconds: float | None, coroutine: Coroutine[Any, Any, T]) -> T:
+    async with asyncio.timeout(seconds):
+        return await coroutine

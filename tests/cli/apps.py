@@ -1,0 +1,106 @@
+"""Apps the CLI and ``serve`` tests run in real server processes.
+
+``app`` carries its own runtime (built from the environment the tests set; the library reads
+none); ``plain`` is a bare ASGI app that ``forgezero-lifecycle serve`` wraps in a runtime itself.
+``/_test/counters`` is exempt from the gate, so tests can see a request is admitted before they
+begin a drain, without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from forgezero_lifecycle.asgi._types import Receive, Scope, Send
+from forgezero_lifecycle.runtime import Runtime
+from forgezero_lifecycle.wire.handoff import StateImportContext
+
+STATE_PROTOCOL = "tests.cli.counter"
+
+
+class Count(BaseModel):
+    count: int
+
+
+class CounterState:
+    """A tiny state adapter: a request counter the next generation takes over."""
+
+    protocol = STATE_PROTOCOL
+    schema_version = 1
+    maximum_bytes = 1024
+    model = Count
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.imported: int | None = None
+
+    async def export_state(self) -> tuple[str, Count]:
+        return f"count-{self.count}", Count(count=self.count)
+
+    async def import_state(self, value: Count, context: StateImportContext) -> None:
+        self.imported = value.count
+
+
+def _exempt(scope: Scope) -> bool:
+    path: str = scope["path"]
+    return path.startswith("/_test/")
+
+
+state = CounterState()
+runtime = Runtime(
+    control_token=os.environ["FORGEZERO_CONTROL_TOKEN"],
+    handoff_token=os.environ.get("FORGEZERO_HANDOFF_TOKEN"),
+    revision=os.environ.get("FORGEZERO_REVISION"),
+    not_ready_grace=float(os.environ.get("FORGEZERO_NOT_READY_GRACE", "0")),
+    state_adapter=state,
+    exempt=_exempt,
+)
+
+
+async def fast(request: Request) -> Response:
+    state.count += 1
+    return JSONResponse({"ok": True})
+
+
+async def slow(request: Request) -> Response:
+    seconds = float(request.query_params.get("seconds", "1"))
+    await asyncio.sleep(seconds)
+    state.count += 1
+    return JSONResponse({"slept": seconds})
+
+
+async def counters(request: Request) -> Response:
+    return JSONResponse({**runtime.counters().model_dump(), "imported": state.imported})
+
+
+app = Starlette(
+    routes=[
+        Route("/fast", fast),
+        Route("/slow", slow),
+        Route("/_test/counters", counters),
+    ]
+)
+runtime.install(app)
+
+
+async def plain(scope: Scope, receive: Receive, send: Send) -> None:
+    """A bare ASGI app with no runtime of its own (``serve`` wraps it)."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    elif scope["type"] == "http":
+        if scope["path"] == "/slow":
+            await asyncio.sleep(1.0)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"plain"})

@@ -1,0 +1,277 @@
+"""The control client at the HTTP level (httpx.MockTransport): bodies, errors, retries, tokens."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import httpx
+import orjson
+import pytest
+
+from forgezero_lifecycle._errors import (
+    ConfigurationError,
+    ControlUnreachable,
+    DrainConflict,
+    DrainNotFound,
+    RemoteError,
+    Unauthorized,
+)
+from forgezero_lifecycle.client import (
+    ControlClient,
+    SyncControlClient,
+    drain_request,
+    handoff_request,
+    new_nonce,
+)
+from forgezero_lifecycle.wire._types import is_nonce
+
+from .conftest import CONTROL_TOKEN, HANDOFF_TOKEN, REVISION_A, REVISION_B
+
+URL = "http://127.0.0.1:9"
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def _status(state: str = "draining", nonce: str | None = None) -> dict[str, object]:
+    return {
+        "protocol": "forgezero-drain/v1",
+        "nonce": nonce or new_nonce(),
+        "sourceRevision": REVISION_A,
+        "targetRevision": REVISION_B,
+        "timeoutMs": 1000,
+        "status": state,
+        "inFlight": {"http": 1, "websocket": 0, "jobs": 0, "schedules": 0},
+    }
+
+
+def _client(handler: Handler, **options: object) -> ControlClient:
+    transport = httpx.MockTransport(handler)
+    return ControlClient(URL, token=CONTROL_TOKEN, transport=transport, **options)  # type: ignore[arg-type]
+
+
+def _json(status: int, body: object) -> httpx.Response:
+    return httpx.Response(status, content=orjson.dumps(body))
+
+
+def test_nonces_are_fresh_and_valid() -> None:
+    """`secrets.token_urlsafe(32)`: 43 base64url characters, never repeated, never a flag."""
+    nonces = {new_nonce() for _ in range(2000)}
+    assert len(nonces) == 2000
+    assert all(is_nonce(nonce) and not nonce.startswith("-") for nonce in nonces)
+
+
+@pytest.mark.anyio
+async def test_begin_drain_sends_the_wire_request_with_the_token() -> None:
+    """camelCase JSON body, `Authorization: Bearer`, `Content-Type: application/json`."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return _json(202, {"accepted": True, "duplicate": False})
+
+    request = drain_request(source_revision=REVISION_A, target_revision=REVISION_B, timeout_ms=5000)
+    async with _client(handler) as client:
+        accepted = await client.begin_drain(request)
+    assert accepted.duplicate is False
+    sent = seen[0]
+    assert sent.url.path == "/.forgezero/runtime/drain/v1/begin"
+    assert sent.headers["authorization"] == f"Bearer {CONTROL_TOKEN}"
+    assert sent.headers["content-type"] == "application/json"
+    assert orjson.loads(sent.content) == {
+        "protocol": "forgezero-drain/v1",
+        "nonce": request.nonce,
+        "sourceRevision": REVISION_A,
+        "targetRevision": REVISION_B,
+        "timeoutMs": 5000,
+    }
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("status", "code", "error_type"),
+    [
+        (409, "RUNTIME_DRAIN_ALREADY_STARTED", DrainConflict),
+        (404, "RUNTIME_DRAIN_NOT_FOUND", DrainNotFound),
+        (401, "RUNTIME_UNAUTHORIZED", Unauthorized),
+        (400, "RUNTIME_SOMETHING_NEWER", RemoteError),
+    ],
+)
+async def test_error_bodies_become_typed_errors(
+    status: int, code: str, error_type: type[Exception]
+) -> None:
+    """`{"error": CODE}` raises the library's error for CODE, once (never retried)."""
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return _json(status, {"error": code, "detail": "what to do"})
+
+    async with _client(handler) as client:
+        with pytest.raises(error_type) as raised:
+            await client.drain_status(new_nonce())
+    assert raised.value.code == code  # type: ignore[attr-defined]
+    assert raised.value.detail == "what to do"  # type: ignore[attr-defined]
+    assert len(calls) == 1
+
+
+@pytest.mark.anyio
+async def test_connection_failures_are_retried_then_unreachable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Transport errors are retried `retries` times, then ControlUnreachable; no token logged."""
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        raise httpx.ConnectError("connection refused", request=request)
+
+    caplog.set_level(logging.DEBUG)
+    async with _client(handler, retries=2) as client:
+        with pytest.raises(ControlUnreachable) as raised:
+            await client.rollback(new_nonce())
+    assert len(calls) == 3
+    assert raised.value.code == "RUNTIME_UNREACHABLE"
+    assert CONTROL_TOKEN not in str(raised.value)
+    assert CONTROL_TOKEN not in caplog.text
+
+
+@pytest.mark.anyio
+async def test_gateway_errors_are_retried_and_then_reported() -> None:
+    """A 502 without a control-plane body (a proxy) is retried; the next answer wins."""
+    answers = [httpx.Response(502, text="bad gateway"), _json(200, _status("drained"))]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return answers.pop(0)
+
+    async with _client(handler) as client:
+        status = await client.drain_status(new_nonce())
+    assert status.status == "drained"
+
+    def always_502(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(502, text="bad gateway")
+
+    async with _client(always_502, retries=1) as client:
+        with pytest.raises(RemoteError) as raised:
+            await client.drain_status(new_nonce())
+    assert raised.value.code == "RUNTIME_HTTP_502"
+
+
+@pytest.mark.anyio
+async def test_unexpected_success_body_is_an_error() -> None:
+    """A 200 that is not a status (a wrong URL, say) is RUNTIME_RESPONSE_INVALID."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text="<html>hello</html>")
+
+    async with _client(handler) as client:
+        with pytest.raises(RemoteError) as raised:
+            await client.drain_status(new_nonce())
+    assert raised.value.code == "RUNTIME_RESPONSE_INVALID"
+
+
+@pytest.mark.anyio
+async def test_wait_drained_reports_progress_until_final() -> None:
+    """`on_progress` sees each polled status; the final one is returned."""
+    nonce = new_nonce()
+    states = ["draining", "draining", "drained"]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.params["nonce"] == nonce
+        return _json(200, _status(states.pop(0), nonce))
+
+    seen: list[str] = []
+    async with _client(handler) as client:
+        final = await client.wait_drained(
+            nonce, on_progress=lambda s: seen.append(s.status), poll_interval=0.001
+        )
+    assert final.status == "drained"
+    assert seen == ["draining", "draining", "drained"]
+
+
+@pytest.mark.anyio
+async def test_ready_and_export_use_the_right_credentials() -> None:
+    """Probes carry no token; export carries the handoff token, not the control token."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path.endswith("/ready"):
+            return _json(503, {"ready": False, "status": "draining"})
+        return _json(
+            200,
+            {
+                "protocol": "demo.counter",
+                "schemaVersion": 1,
+                "sourceRevision": REVISION_A,
+                "targetRevision": REVISION_B,
+                "cursor": "c-1",
+                "digest": "sha256:" + "0" * 64,
+                "value": {"count": 1},
+            },
+        )
+
+    transport = httpx.MockTransport(handler)
+    async with ControlClient(
+        URL, token=CONTROL_TOKEN, handoff_token=HANDOFF_TOKEN, transport=transport
+    ) as client:
+        assert await client.ready() is False
+        envelope = await client.export_state(REVISION_A, REVISION_B)
+    assert envelope.cursor == "c-1"
+    assert "authorization" not in seen[0].headers
+    assert seen[1].headers["authorization"] == f"Bearer {HANDOFF_TOKEN}"
+    assert seen[1].url.params["sourceRevision"] == REVISION_A
+
+
+@pytest.mark.anyio
+async def test_begin_handoff_sends_timeout_beside_the_request() -> None:
+    """The begin body is the handoff request plus `timeoutMs`; repr never shows the token."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return _json(202, {"accepted": True, "duplicate": True})
+
+    request = handoff_request(
+        protocol="demo.counter",
+        schema_version=1,
+        source_revision=REVISION_A,
+        target_revision=REVISION_B,
+        source_url="http://127.0.0.1:1/.forgezero/runtime/state/v1/export",
+        handoff_token=HANDOFF_TOKEN,
+    )
+    assert HANDOFF_TOKEN not in repr(request)
+    async with _client(handler) as client:
+        accepted = await client.begin_handoff(request, timeout_ms=2500)
+    assert accepted.duplicate is True
+    body = orjson.loads(seen[0].content)
+    assert body["timeoutMs"] == 2500
+    assert body["source"]["authorization"] == f"Bearer {HANDOFF_TOKEN}"
+    assert body["schemaVersion"] == 1
+
+
+def test_urls_with_credentials_are_refused() -> None:
+    """Tokens never travel in the URL, where logs and errors would show them."""
+    with pytest.raises(ConfigurationError):
+        ControlClient("http://user:secret@127.0.0.1:1")
+    with pytest.raises(ConfigurationError):
+        ControlClient("127.0.0.1:1")
+
+
+def test_sync_facade_runs_the_same_calls() -> None:
+    """The blocking facade for scripts returns the same wire models."""
+    nonce = new_nonce()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/begin"):
+            return _json(202, {"accepted": True, "duplicate": False})
+        return _json(200, _status("drained", nonce))
+
+    request = drain_request(
+        source_revision=REVISION_A, target_revision=REVISION_B, timeout_ms=1000, nonce=nonce
+    )
+    with SyncControlClient(
+        URL, token=CONTROL_TOKEN, transport=httpx.MockTransport(handler)
+    ) as client:
+        assert client.begin_drain(request).duplicate is False
+        assert client.wait_drained(nonce, timeout=5.0).status == "drained"
+        assert client.drain_status(nonce).in_flight.http == 1

@@ -1,0 +1,58 @@
+"""`forgezero-lifecycle demo --short`: two real generations hand over and nothing is lost."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import PROJECT_ROOT
+
+pytestmark = pytest.mark.server
+
+
+def test_short_demo_loses_nothing() -> None:
+    """The report counts zero lost requests, sessions and jobs, and the exit code says so."""
+    result = subprocess.run(
+        [sys.executable, "-m", "forgezero_lifecycle", "demo", "--short"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=55,
+        check=False,
+    )
+    report = result.stdout
+    assert result.returncode == 0, report + result.stderr
+    assert "RESULT: nothing lost" in report
+    lost = re.findall(r"^\s+lost\s+(\d+)$", report, flags=re.MULTILINE)
+    assert lost == ["0", "0"]  # HTTP requests, durable jobs
+    assert re.search(r"dropped without notice\s+0", report)
+    assert re.search(r"completed twice\s+0", report)
+    assert re.search(r"stale commits rejected\s+1", report)
+    assert re.search(r"State handoff\s+acknowledged by B: cursor visits-\d+", report)
+    assert re.search(r"^\s+sha256:[0-9a-f]{64}$", report, flags=re.MULTILINE)
+    assert re.search(r"Drain of A\s+drained in", report)
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.postgres
+def test_short_demo_on_postgresql_loses_nothing() -> None:
+    """`--postgres DSN`: the same handover with the job store in PostgreSQL."""
+    dsn = os.environ.get("FORGEZERO_TEST_POSTGRES_DSN")
+    if not dsn:
+        pytest.skip("set FORGEZERO_TEST_POSTGRES_DSN to run the demo on PostgreSQL")
+    result = subprocess.run(
+        [sys.executable, "-m", "forgezero_lifecycle", "demo", "--short", "--postgres", dsn],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=55,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "enqueued (PostgreSQL)" in result.stdout
+    assert "RESULT: nothing lost" in result.stdout
+    assert dsn not in result.stdout + result.stderr

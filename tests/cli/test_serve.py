@@ -1,0 +1,105 @@
+"""`forgezero-lifecycle serve` under real signals: SIGTERM drains, then the process exits."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from ._run import run
+from .conftest import CONTROL_TOKEN, PROJECT_ROOT, REVISION_A, REVISION_B, StartServe
+
+pytestmark = pytest.mark.server
+
+REFUSAL = {"error": "RUNTIME_DRAINING"}
+
+
+def test_sigterm_finishes_in_flight_refuses_new_and_exits_0(start_serve: StartServe) -> None:
+    """The slow request admitted before SIGTERM completes; new ones get 503; exit code 0."""
+    served = start_serve("tests.cli.apps:app", "--drain-timeout", "10s")
+    slow = served.in_background("/slow?seconds=1.5")
+    served.wait_admitted()
+    served.signal(signal.SIGTERM)
+    served.wait_for(lambda: served.get("/.forgezero/runtime/ready").status_code == 503, "not ready")
+    refused = served.get("/fast")
+    assert refused.status_code == 503
+    assert refused.json() == REFUSAL
+    assert refused.headers["connection"] == "close"
+    assert served.wait_exit() == 0
+    served.join()
+    assert isinstance(slow[0], httpx.Response)
+    assert slow[0].status_code == 200
+    log = served.log()
+    assert "serve.drain_settled state=drained" in log
+    assert CONTROL_TOKEN not in log
+
+
+def test_failed_self_drain_exits_1(start_serve: StartServe) -> None:
+    """A drain that misses its deadline makes the process exit non-zero."""
+    served = start_serve("tests.cli.apps:app", "--drain-timeout", "300ms")
+    served.in_background("/slow?seconds=1.5")
+    served.wait_admitted()
+    served.signal(signal.SIGTERM)
+    assert served.wait_exit() == 1
+    assert "state=failed" in served.log()
+
+
+def test_second_signal_stops_at_once(start_serve: StartServe) -> None:
+    """While a long request holds the drain, a second signal forces the stop (exit 1)."""
+    served = start_serve("tests.cli.apps:app", "--drain-timeout", "30s")
+    served.in_background("/slow?seconds=30")
+    served.wait_admitted()
+    served.signal(signal.SIGTERM)
+    served.wait_for(lambda: served.get("/.forgezero/runtime/ready").status_code == 503, "not ready")
+    served.signal(signal.SIGINT)
+    assert served.wait_exit(10.0) == 1
+    assert "serve.forced" in served.log()
+
+
+def test_sigterm_after_a_prestop_drain_exits_0(
+    start_serve: StartServe, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The preStop variant: the CLI drained already, so SIGTERM follows that drain and exits."""
+    monkeypatch.setenv("FORGEZERO_CONTROL_TOKEN", CONTROL_TOKEN)
+    served = start_serve("tests.cli.apps:app", "--drain-timeout", "10s")
+    revisions = ("--source-revision", REVISION_A, "--target-revision", REVISION_B)
+    assert run(capsys, "drain", "--url", served.url, *revisions).code == 0
+    served.signal(signal.SIGTERM)
+    assert served.wait_exit() == 0
+    assert "a drain was already begun" in served.log()
+
+
+def test_plain_app_gets_a_runtime_from_serve(
+    start_serve: StartServe, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An app without a runtime is wrapped: probes, not-ready grace and self-drain all work."""
+    monkeypatch.setenv("FORGEZERO_CONTROL_TOKEN", CONTROL_TOKEN)
+    served = start_serve("tests.cli.apps:plain", "--not-ready-grace", "2s")
+    assert served.get("/").text == "plain"
+    assert run(capsys, "ready", "--url", served.url).code == 0
+    slow = served.in_background("/slow")
+    served.signal(signal.SIGTERM)
+    served.wait_for(lambda: served.get("/.forgezero/runtime/ready").status_code == 503, "not ready")
+    assert served.get("/").status_code == 200  # the grace: not ready, but still admitting
+    assert served.wait_exit() == 0
+    served.join()
+    assert isinstance(slow[0], httpx.Response)
+    assert slow[0].status_code == 200
+
+
+def test_serve_reports_an_app_it_cannot_import() -> None:
+    """A wrong APP is one line on stderr and exit code 2, not a traceback."""
+    result = subprocess.run(
+        [sys.executable, "-m", "forgezero_lifecycle", "serve", "no_such_module:app"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "cannot import the app" in result.stderr
+    assert "Traceback" not in result.stderr
