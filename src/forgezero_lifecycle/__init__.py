@@ -8,8 +8,204 @@ Layers point down only (checked by import-linter in CI)::
     asgi      the only ASGI/Starlette speakers: in-flight middleware, control sub-app
     client    httpx client of the control protocol (orchestrator side)
     runtime   the composition root; serve and cli sit on top of it
+
+``PostgresJobStore`` is imported on first use, so the package works without psycopg.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from typing import TYPE_CHECKING, Any
+
+from ._canonical import canonical_json as canonical_json
+from ._canonical import state_digest as state_digest
+from ._clock import Clock as Clock
+from ._clock import SystemClock as SystemClock
+from ._errors import BodyTooLarge as BodyTooLarge
+from ._errors import ConfigurationError as ConfigurationError
+from ._errors import ContentTypeInvalid as ContentTypeInvalid
+from ._errors import ControlError as ControlError
+from ._errors import ControlPathNotFound as ControlPathNotFound
+from ._errors import ControlUnreachable as ControlUnreachable
+from ._errors import DrainConflict as DrainConflict
+from ._errors import DrainCountersInvalid as DrainCountersInvalid
+from ._errors import DrainError as DrainError
+from ._errors import DrainFailed as DrainFailed
+from ._errors import DrainNotFound as DrainNotFound
+from ._errors import DrainRequestInvalid as DrainRequestInvalid
+from ._errors import IdempotencyConflict as IdempotencyConflict
+from ._errors import JobError as JobError
+from ._errors import JobHandlerUnknown as JobHandlerUnknown
+from ._errors import JobStoreError as JobStoreError
+from ._errors import LeaseLostError as LeaseLostError
+from ._errors import LifecycleError as LifecycleError
+from ._errors import MethodNotAllowed as MethodNotAllowed
+from ._errors import QueueError as QueueError
+from ._errors import QueueIntakePausedError as QueueIntakePausedError
+from ._errors import QueueKeyStoppedError as QueueKeyStoppedError
+from ._errors import QueueStoppedError as QueueStoppedError
+from ._errors import RemoteError as RemoteError
+from ._errors import ScheduleError as ScheduleError
+from ._errors import ScheduleIntakePaused as ScheduleIntakePaused
+from ._errors import ScheduleInvalid as ScheduleInvalid
+from ._errors import ScheduleNotFound as ScheduleNotFound
+from ._errors import StateConflict as StateConflict
+from ._errors import StateError as StateError
+from ._errors import StateExportError as StateExportError
+from ._errors import StateInputInvalid as StateInputInvalid
+from ._errors import StateNotFound as StateNotFound
+from ._errors import StateTransferFailed as StateTransferFailed
+from ._errors import TaskCancelledError as TaskCancelledError
+from ._errors import Unauthorized as Unauthorized
+from .asgi.control import ControlApp as ControlApp
+from .asgi.middleware import InFlightMiddleware as InFlightMiddleware
+from .client import ControlClient as ControlClient
+from .client import SyncControlClient as SyncControlClient
+from .client import drain_request as drain_request
+from .client import handoff_request as handoff_request
+from .client import new_nonce as new_nonce
+from .core.drain import DrainController as DrainController
+from .core.drain import DrainDependencies as DrainDependencies
+from .core.gate import IntakeGate as IntakeGate
+from .core.handoff import StateAdapter as StateAdapter
+from .core.handoff import StateHandoffController as StateHandoffController
+from .core.participant import WorkParticipant as WorkParticipant
+from .core.queue import KeyedQueue as KeyedQueue
+from .core.queue import QueueDrainReport as QueueDrainReport
+from .core.queue import QueueParticipant as QueueParticipant
+from .core.queue import QueueSnapshot as QueueSnapshot
+from .core.scheduler import ScheduledJobStatus as ScheduledJobStatus
+from .core.scheduler import Scheduler as Scheduler
+from .core.scheduler import SchedulerParticipant as SchedulerParticipant
+from .core.scheduler import SchedulerStatus as SchedulerStatus
+from .jobs import Job as Job
+from .jobs import JobState as JobState
+from .jobs import JobStats as JobStats
+from .jobs import JobStore as JobStore
+from .jobs import JobWorker as JobWorker
+from .jobs import Lease as Lease
+from .jobs import MemoryJobStore as MemoryJobStore
+from .jobs import SQLiteJobStore as SQLiteJobStore
+from .jobs import WorkerStats as WorkerStats
+from .runtime import Runtime as Runtime
+from .wire.drain import DrainAccepted as DrainAccepted
+from .wire.drain import DrainRequest as DrainRequest
+from .wire.drain import DrainStatus as DrainStatus
+from .wire.drain import WorkCounters as WorkCounters
+from .wire.handoff import StateEnvelope as StateEnvelope
+from .wire.handoff import StateHandoffRequest as StateHandoffRequest
+from .wire.handoff import StateHandoffStatus as StateHandoffStatus
+from .wire.handoff import StateImportContext as StateImportContext
+from .wire.handoff import StateSource as StateSource
+from .wire.paths import RUNTIME_DRAIN_BEGIN_PATH as RUNTIME_DRAIN_BEGIN_PATH
+from .wire.paths import RUNTIME_DRAIN_ROLLBACK_PATH as RUNTIME_DRAIN_ROLLBACK_PATH
+from .wire.paths import RUNTIME_DRAIN_STATUS_PATH as RUNTIME_DRAIN_STATUS_PATH
+from .wire.paths import RUNTIME_LIVE_PATH as RUNTIME_LIVE_PATH
+from .wire.paths import RUNTIME_READY_PATH as RUNTIME_READY_PATH
+from .wire.paths import RUNTIME_SCHEDULES_STATUS_PATH as RUNTIME_SCHEDULES_STATUS_PATH
+from .wire.paths import RUNTIME_STATE_BEGIN_PATH as RUNTIME_STATE_BEGIN_PATH
+from .wire.paths import RUNTIME_STATE_EXPORT_PATH as RUNTIME_STATE_EXPORT_PATH
+from .wire.paths import RUNTIME_STATE_STATUS_PATH as RUNTIME_STATE_STATUS_PATH
+
+if TYPE_CHECKING:
+    from .jobs.postgres import PostgresJobStore as PostgresJobStore
+
+__all__ = [
+    "RUNTIME_DRAIN_BEGIN_PATH",
+    "RUNTIME_DRAIN_ROLLBACK_PATH",
+    "RUNTIME_DRAIN_STATUS_PATH",
+    "RUNTIME_LIVE_PATH",
+    "RUNTIME_READY_PATH",
+    "RUNTIME_SCHEDULES_STATUS_PATH",
+    "RUNTIME_STATE_BEGIN_PATH",
+    "RUNTIME_STATE_EXPORT_PATH",
+    "RUNTIME_STATE_STATUS_PATH",
+    "BodyTooLarge",
+    "Clock",
+    "ConfigurationError",
+    "ContentTypeInvalid",
+    "ControlApp",
+    "ControlClient",
+    "ControlError",
+    "ControlPathNotFound",
+    "ControlUnreachable",
+    "DrainAccepted",
+    "DrainConflict",
+    "DrainController",
+    "DrainCountersInvalid",
+    "DrainDependencies",
+    "DrainError",
+    "DrainFailed",
+    "DrainNotFound",
+    "DrainRequest",
+    "DrainRequestInvalid",
+    "DrainStatus",
+    "IdempotencyConflict",
+    "InFlightMiddleware",
+    "IntakeGate",
+    "Job",
+    "JobError",
+    "JobHandlerUnknown",
+    "JobState",
+    "JobStats",
+    "JobStore",
+    "JobStoreError",
+    "JobWorker",
+    "KeyedQueue",
+    "Lease",
+    "LeaseLostError",
+    "LifecycleError",
+    "MemoryJobStore",
+    "MethodNotAllowed",
+    "PostgresJobStore",
+    "QueueDrainReport",
+    "QueueError",
+    "QueueIntakePausedError",
+    "QueueKeyStoppedError",
+    "QueueParticipant",
+    "QueueSnapshot",
+    "QueueStoppedError",
+    "RemoteError",
+    "Runtime",
+    "SQLiteJobStore",
+    "ScheduleError",
+    "ScheduleIntakePaused",
+    "ScheduleInvalid",
+    "ScheduleNotFound",
+    "ScheduledJobStatus",
+    "Scheduler",
+    "SchedulerParticipant",
+    "SchedulerStatus",
+    "StateAdapter",
+    "StateConflict",
+    "StateEnvelope",
+    "StateError",
+    "StateExportError",
+    "StateHandoffController",
+    "StateHandoffRequest",
+    "StateHandoffStatus",
+    "StateImportContext",
+    "StateInputInvalid",
+    "StateNotFound",
+    "StateSource",
+    "StateTransferFailed",
+    "SyncControlClient",
+    "SystemClock",
+    "TaskCancelledError",
+    "Unauthorized",
+    "WorkCounters",
+    "WorkParticipant",
+    "WorkerStats",
+    "canonical_json",
+    "drain_request",
+    "handoff_request",
+    "new_nonce",
+    "state_digest",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PostgresJobStore":
+        from .jobs import PostgresJobStore
+
+        return PostgresJobStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
