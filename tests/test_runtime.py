@@ -181,3 +181,21 @@ async def test_schedule_status_is_served_on_the_control_plane() -> None:
     assert job["name"] == "rotate-credentials"
     assert job["consecutive_failures"] == 1
     assert "provider timed out" in job["last_error"]
+
+
+async def test_serve_finds_the_runtime_of_an_installed_or_wrapped_app() -> None:
+    """serve is handed the app only; it finds the runtime both ways the runtime attaches."""
+    from starlette.applications import Starlette
+
+    from forgezero_lifecycle.serve import find_runtime
+
+    runtime = Runtime(control_token=TOKEN)
+
+    async def bare(scope: Any, receive: Any, send: Any) -> None:
+        return None
+
+    assert find_runtime(runtime.wrap(bare)) is runtime
+    app = Starlette()
+    runtime.install(app)
+    assert find_runtime(app) is runtime
+    assert find_runtime(bare) is None

@@ -11,6 +11,8 @@ The app reads its settings from the environment itself; the library reads none::
     FORGEZERO_REVISION        this generation's revision, 40 lowercase hex (optional: when set,
                               a drain whose sourceRevision differs is refused)
     FORGEZERO_STREAM_GRACE    seconds open streams and WebSockets get before the drain ends them
+    FORGEZERO_NOT_READY_GRACE seconds readiness is off before intake closes (the endpoint race;
+                              `forgezero-lifecycle serve --not-ready-grace` sets it)
 
 Endpoints: ``/hello`` (fast, counts visits), ``/slow?seconds=``, ``/stream`` (server-sent
 events that end by themselves once a drain begins), ``/echo`` (WebSocket), and the control
@@ -49,6 +51,7 @@ if CONTROL_TOKEN is None:
 HANDOFF_TOKEN: Final = _setting("FORGEZERO_HANDOFF_TOKEN")
 REVISION: Final = _setting("FORGEZERO_REVISION")
 STREAM_GRACE: Final = float(_setting("FORGEZERO_STREAM_GRACE", "5") or 5)
+NOT_READY_GRACE: Final = float(_setting("FORGEZERO_NOT_READY_GRACE", "0") or 0)
 
 
 # -- state handed to the next generation ----------------------------------------------------
@@ -89,6 +92,7 @@ runtime = Runtime(
     revision=REVISION,
     state_adapter=visits,
     stream_grace=STREAM_GRACE,
+    not_ready_grace=NOT_READY_GRACE,
 )
 
 # -- the app --------------------------------------------------------------------------------

@@ -121,13 +121,15 @@ class Runtime:
 
     def wrap(self, app: ASGIApp) -> ASGIApp:
         """Wrap any ASGI app: in-flight middleware outside, control plane ahead of its routes."""
-        return InFlightMiddleware(
+        middleware = InFlightMiddleware(
             app,
             gate=self.gate,
             control=self.control,
             exempt=self._exempt,
             websocket_close_code=self._close_code,
         )
+        middleware.forgezero_runtime = self
+        return middleware
 
     def install(self, app: Starlette) -> None:
         """Install on a Starlette or FastAPI app, as the outermost user middleware."""

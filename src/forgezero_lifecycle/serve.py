@@ -41,7 +41,6 @@ from uvicorn.importer import import_from_string
 
 from ._errors import ConfigurationError, LifecycleError
 from .asgi._types import ASGIApp
-from .asgi.middleware import InFlightMiddleware
 from .runtime import Runtime
 from .wire._types import is_revision
 from .wire.drain import DRAIN_PROTOCOL, MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainState
@@ -187,7 +186,8 @@ def _token(env: str, path: Path | None) -> str | None:
 
 
 def find_runtime(app: object) -> Runtime | None:
-    """The runtime installed on ``app`` (``app.state.forgezero_runtime``), if any."""
+    """The runtime on ``app``: ``runtime.install`` sets ``app.state.forgezero_runtime``,
+    ``runtime.wrap`` sets ``forgezero_runtime`` on the middleware it returns."""
     for holder in (getattr(app, "state", None), app):
         runtime = getattr(holder, "forgezero_runtime", None)
         if isinstance(runtime, Runtime):
@@ -213,11 +213,6 @@ def run(app: str | ASGIApp, options: ServeOptions) -> int:
             raise ConfigurationError(detail=f"cannot import the app {app!r}: {error}") from None
     assert not isinstance(app, str)
     runtime = find_runtime(app)
-    if runtime is None and isinstance(app, InFlightMiddleware):
-        raise ConfigurationError(
-            detail="the app is wrapped by a runtime serve cannot see; set "
-            "app.forgezero_runtime = runtime after runtime.wrap(...)"
-        )
     if runtime is None:
         runtime = Runtime(
             control_token=options.control_token,

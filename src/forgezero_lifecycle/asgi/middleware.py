@@ -41,6 +41,10 @@ _TRY_AGAIN_LATER: Final = 1013
 class InFlightMiddleware:
     """Wrap an ASGI app so the runtime's drain can see, refuse and end its work."""
 
+    #: The runtime that built this middleware (set by ``Runtime.wrap``), for tools such as
+    #: ``forgezero-lifecycle serve`` that are handed the wrapped app.
+    forgezero_runtime: object | None = None
+
     def __init__(
         self,
         app: ASGIApp,
