@@ -40,5 +40,8 @@ bench-quick: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/forgezero-lifecycle demo
 
+run: $(STAMP)
+	BIN=$(BIN) examples/run.sh
+
 clean:
 	rm -rf $(VENV) .coverage .coverage.* .pytest_cache .mypy_cache .ruff_cache
