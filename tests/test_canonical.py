@@ -7,9 +7,11 @@ import datetime
 import decimal
 import enum
 import hashlib
+import inspect
 import json
 import math
 import re
+import sys
 import uuid
 from typing import Any
 
@@ -117,7 +119,9 @@ def test_types_that_are_not_json_are_refused_even_nested(value: object) -> None:
         assert type(value).__name__ in str(refusal(wrapped).detail)
 
 
-@pytest.mark.parametrize("value", [{1: "a"}, {None: 1}, {("a",): 1}, {Mode.FAST: 1}, {Name("k"): 1}])
+@pytest.mark.parametrize(
+    "value", [{1: "a"}, {None: 1}, {("a",): 1}, {Mode.FAST: 1}, {Name("k"): 1}]
+)
 def test_keys_that_are_not_exact_str_are_refused(value: dict[Any, Any]) -> None:
     """Object keys must be str (JavaScript would have turned them into text)."""
     assert "key" in str(refusal({"outer": [value]}).detail)
@@ -186,7 +190,7 @@ def test_strings_are_escaped_as_json_stringify_escapes_them() -> None:
 
 
 def test_lone_surrogates_are_escaped_and_split_pairs_joined() -> None:
-    """A Python str is read as UTF-16: lone surrogates print as \\udxxx, a split pair as its character."""
+    """A str is read as UTF-16: a lone surrogate prints as \\udxxx, a split pair as its character."""
     assert canonical_json(["\ud800", "a\udc00b"]) == b'["\\ud800","a\\udc00b"]'
     assert canonical_json("\ud83d\ude00") == '"😀"'.encode()
     assert canonical_json({"\udc00": 1, "\ud800\udc00": 2}) == '{"𐀀":2,"\\udc00":1}'.encode()
@@ -247,6 +251,17 @@ def test_nesting_to_max_depth_encodes_and_one_more_level_is_refused() -> None:
     assert "deeper" in str(refusal(deep).detail)
 
 
+def test_a_caller_deep_in_its_own_stack_gets_no_recursion_error() -> None:
+    """The fast encoder recurses a little; near the stack limit the iterative one takes over."""
+    value = {"deep": nested_lists(300)}
+
+    def call_at(levels: int) -> bytes:
+        return canonical_json(value) if levels <= 0 else call_at(levels - 1)
+
+    spare = sys.getrecursionlimit() - len(inspect.stack(0)) - 40
+    assert call_at(spare) == exact(value)
+
+
 def test_values_deeper_than_orjson_goes_match_the_exact_encoder() -> None:
     """orjson stops at 255 levels; the fast encoder then encodes the top levels itself."""
     value = {"wide": list(range(50)), "deep": nested_lists(300), "f": [2.0]}
@@ -259,6 +274,14 @@ def test_a_lone_surrogate_or_big_int_deep_in_a_large_value_is_encoded_in_place()
     records[321]["name"] = "bad \udc80 text"
     records[400]["id"] = 2**60
     assert fast(records) == exact(records)
+
+
+def test_large_objects_taken_apart_in_groups_keep_utf16_key_order() -> None:
+    """A refused object of many keys is encoded in groups; the keys stay in UTF-16 order."""
+    value: dict[str, Any] = {f"k{n:03d}{chr(0xE000 + n)}": [n, 1.0] for n in range(200)}
+    value.update({f"k{n:03d}😀": n for n in range(0, 200, 7)})
+    value["k150\ue096"] = ["lone \udfff", 2**70]
+    assert fast(value) == exact(value)
 
 
 def test_orders_that_differ_in_utf16_deep_in_a_large_value() -> None:
@@ -296,7 +319,7 @@ def test_exact_encoder_passes_every_canonical_vector() -> None:
             assert exact(value) == want["canonical"].encode(), vector["id"]
 
 
-_TRICKY = '\x00\x1f\x7f"\\/:,.0123456789e+-[]{} aé\u2028\ue000\uffff😀\U0010ffff\ud800\udc00\ud83d\ude00'
+_TRICKY = '\x00\x1f\x7f"\\/:,.0123456789e+-[]{} aé\u2028\ue000\uffff😀\U0010ffff\ud800\udc00'
 _TEXT = st.text(st.sampled_from(list(_TRICKY)) | st.characters(exclude_categories=()), max_size=8)
 _FLOATS = st.floats() | st.sampled_from(
     [0.0, -0.0, 100.0, 1e15, 1e16, 1.5e16, 1e21, 1e-5, 1e-6, 1.5e-6, 1e-7, 5e-324, 0.1]
