@@ -424,3 +424,36 @@ def test_failure_text_counts_code_points() -> None:
     assert failure_text("y" * 127 + "😀 and more") == "y" * 127 + "😀"
     assert failure_text("y" * 127 + "\ud83d\ude00 and more") == "y" * 127 + "\ud83d\ude00"
     assert failure_text("short") == "short"
+
+
+@pytest.mark.parametrize(
+    "maximum_bytes",
+    [2**20 + 1, 1 << 20_000, 0, -1, 1.5, True, "1024"],
+    ids=["over-1MiB", "20000-bit-int", "zero", "negative", "fraction", "bool", "string"],
+)
+def test_an_adapter_with_an_impossible_size_limit_is_refused_with_its_code(
+    maximum_bytes: object,
+) -> None:
+    """Any bad maximum_bytes, however large, is RUNTIME_STATE_ADAPTER_INVALID, never a crash."""
+    from forgezero_lifecycle._errors import StateInputInvalid
+    from forgezero_lifecycle.core.handoff import StateHandoffController
+
+    class Value(BaseModel):
+        n: int
+
+    class Adapter:
+        protocol = "test.limits"
+        schema_version = 1
+        model = Value
+
+        async def export_state(self) -> tuple[str, Value]:
+            return "c", Value(n=1)
+
+        async def import_state(self, value: Value, context: object) -> None:
+            return None
+
+    adapter = Adapter()
+    adapter.maximum_bytes = maximum_bytes  # type: ignore[attr-defined]
+    with pytest.raises(StateInputInvalid) as caught:
+        StateHandoffController(adapter)  # type: ignore[arg-type]
+    assert caught.value.code == "RUNTIME_STATE_ADAPTER_INVALID"

@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar, final
 
 from pydantic import BaseModel
 
-from .._canonical import canonical_json, state_digest
+from .._canonical import canonical_json, digest_of
 from .._errors import LifecycleError, StateExportError, StateInputInvalid, StateTransferFailed
 from ..wire.handoff import (
     CURSOR_PATTERN,
@@ -76,7 +76,7 @@ class StateCodec(Generic[T]):
         unsigned = self._unsigned(cursor, data, source, target, self.schema_version)
         encoded = self._canonical(unsigned, data, _export_invalid("the value fails its model"))
         try:
-            load(self.model, canonical_json(data))
+            load(self.model, _value_bytes(unsigned, encoded))
         except ValueError:
             raise _export_invalid("the value's JSON does not validate as its model") from None
         if len(encoded) > self.maximum_bytes:
@@ -84,7 +84,7 @@ class StateCodec(Generic[T]):
                 "RUNTIME_STATE_EXPORT_TOO_LARGE",
                 f"{len(encoded)} bytes of canonical JSON, the limit is {self.maximum_bytes}",
             )
-        return StateEnvelope.model_validate({**unsigned, "digest": state_digest(unsigned)})
+        return StateEnvelope.model_validate({**unsigned, "digest": digest_of(encoded)})
 
     def open(
         self, request: StateHandoffRequest, envelope: dict[str, Any]
@@ -114,10 +114,10 @@ class StateCodec(Generic[T]):
         unsigned = self._unsigned(cursor, value, source, target, schema)
         encoded = self._canonical(unsigned, value, _envelope_invalid())
         try:
-            typed = load(self.model, canonical_json(value))
+            typed = load(self.model, _value_bytes(unsigned, encoded))
         except ValueError:
             raise _envelope_invalid() from None
-        if state_digest(unsigned) != digest:
+        if digest_of(encoded) != digest:
             raise StateTransferFailed("RUNTIME_STATE_DIGEST_MISMATCH")
         if len(encoded) > self.maximum_bytes:
             raise StateTransferFailed("RUNTIME_STATE_ENVELOPE_TOO_LARGE")
@@ -164,6 +164,19 @@ class StateCodec(Generic[T]):
             if not accepts(self.model, value):
                 raise refused from None
             raise
+
+
+def _value_bytes(unsigned: dict[str, object], encoded: bytes) -> bytes:
+    """The canonical JSON of ``unsigned["value"]``, cut from the envelope's own encoding.
+
+    ``value`` sorts last among the envelope's keys, so its encoding is what follows the
+    encoding of the other fields: one canonicalisation serves size, digest and validation.
+    """
+    rest = {key: item for key, item in unsigned.items() if key != "value"}
+    prefix = canonical_json(rest)[:-1] + b',"value":'
+    if not encoded.startswith(prefix):  # pragma: no cover - canonical JSON sorts "value" last
+        raise AssertionError("the envelope's encoding does not end with its value")
+    return encoded[len(prefix) : -1]
 
 
 def _is_text(value: object, expected: str) -> bool:

@@ -40,9 +40,18 @@ def adapter_int(value: object, high: int) -> int:
         number = 0
     if not 1 <= number <= high:
         raise StateInputInvalid(
-            "RUNTIME_STATE_ADAPTER_INVALID", f"expected an integer from 1 to {high}, not {value!r}"
+            "RUNTIME_STATE_ADAPTER_INVALID",
+            f"expected an integer from 1 to {high}, not {_shown(value)}",
         )
     return number
+
+
+def _shown(value: object) -> str:
+    """A short, always-printable account of a bad setting (a huge int has no cheap repr)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def refuse_secret_fields(model: type[BaseModel]) -> None:
