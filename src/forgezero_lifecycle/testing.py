@@ -1,4 +1,8 @@
-"""Public test kit: a manual clock and helpers for testing code that uses the library."""
+"""Public test kit: a manual clock, an in-memory job store, and loop helpers.
+
+``MemoryJobStore`` keeps the full JobStore contract (fences, leases, transactions that commit or
+roll back with the job) in memory, for tests of code that enqueues or handles durable jobs.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,10 @@ import heapq
 import itertools
 from typing import final
 
-__all__ = ["ManualClock", "settle"]
+from .jobs.memory import MemoryJobStore as MemoryJobStore
+from .jobs.memory import MemoryTransaction as MemoryTransaction
+
+__all__ = ["ManualClock", "MemoryJobStore", "MemoryTransaction", "settle"]
 
 
 @final

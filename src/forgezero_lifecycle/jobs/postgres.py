@@ -1,0 +1,316 @@
+"""PostgreSQL job store: psycopg 3 async with a :mod:`psycopg_pool` connection pool.
+
+Claims take rows with ``FOR UPDATE SKIP LOCKED`` (concurrent claimers never block or collide),
+every lease time comes from the database clock (``now()``), so generations on different hosts
+agree on expiry. A completion first takes the job's row lock (``SELECT ... FOR NO KEY UPDATE``
+with the fence check), then lets the handler write on the same connection, then marks the job
+done, all in one transaction: a reclaim that races it waits for the lock and then sees ``done``.
+Multi-row statements lock in id order or skip locked rows, so they cannot deadlock each other.
+
+Tables live in their own schema (``schema="forgezero"`` by default), created and migrated by
+:meth:`PostgresJobStore.open` under an advisory lock, so two generations opening at once are
+safe and a second run is a no-op. Needs ``pip install 'forgezero-lifecycle[postgres]'``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, final
+
+try:
+    import psycopg
+    from psycopg import sql
+    from psycopg.types.json import set_json_loads
+    from psycopg_pool import AsyncConnectionPool, PoolTimeout
+except ImportError as exc:  # pragma: no cover - exercised only without the extra installed
+    raise ImportError(
+        "PostgresJobStore needs psycopg 3 and psycopg_pool: "
+        "pip install 'forgezero-lifecycle[postgres]'"
+    ) from exc
+
+import orjson
+
+from .._errors import IdempotencyConflict, JobStoreError, LeaseLostError
+from . import _pg_sql
+from ._pg_sql import Statements, row_to_job
+from .store import (
+    Job,
+    JobStats,
+    Lease,
+    check_enqueue,
+    error_text,
+    new_key,
+    payload_hash,
+    payload_json,
+    result_json,
+)
+
+__all__ = ["PgConnection", "PostgresJobStore"]
+
+logger = logging.getLogger("forgezero_lifecycle.jobs")
+
+PgConnection = psycopg.AsyncConnection[Any]
+
+
+@contextmanager
+def _store_errors() -> Iterator[None]:
+    try:
+        yield
+    except (psycopg.Error, PoolTimeout) as exc:
+        raise JobStoreError(detail=f"PostgreSQL: {type(exc).__name__}: {exc}") from exc
+
+
+def _lost(lease: Lease[PgConnection]) -> LeaseLostError:
+    return LeaseLostError(detail=f"job {lease.job.id} lost its lease at fence {lease.fence}")
+
+
+@final
+class PostgresJobStore:
+    """A :class:`~forgezero_lifecycle.jobs.store.JobStore` on PostgreSQL.
+
+    Pass a ``dsn`` (the store owns its pool) or an open ``pool`` (the caller owns it; its
+    connections must be in autocommit mode).
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        pool: AsyncConnectionPool[Any] | None = None,
+        schema: str = "forgezero",
+        min_size: int = 1,
+        max_size: int = 10,
+    ) -> None:
+        if (dsn is None) == (pool is None):
+            raise ValueError("pass exactly one of dsn= or pool=")
+        self.schema = _pg_sql.check_schema_name(schema)
+        self._q = Statements.for_schema(sql.Identifier(schema).as_string(None))
+        self._owns_pool = pool is None
+        self._pool: AsyncConnectionPool[Any] = pool or AsyncConnectionPool(
+            dsn or "",
+            min_size=min_size,
+            max_size=max_size,
+            open=False,
+            kwargs={"autocommit": True},
+            configure=self._configure,
+            name=f"forgezero-jobs-{schema}",
+        )
+        self._listeners: list[Callable[[], None]] = []
+        self._deferred: dict[int, list[Callable[[], None]]] = {}
+
+    @staticmethod
+    async def _configure(conn: PgConnection) -> None:
+        set_json_loads(orjson.loads, conn)
+
+    async def open(self) -> None:
+        """Open the pool (when owned) and create or migrate the schema."""
+        with _store_errors():
+            if self._owns_pool:
+                await self._pool.open(wait=True)
+            async with self._pool.connection() as conn, conn.transaction():
+                lock_key = f"forgezero_lifecycle.jobs:{self.schema}"
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lock_key,))
+                for statement in self._q.schema_setup:
+                    await conn.execute(statement)
+                row = await (await conn.execute(self._q.version)).fetchone()
+                current = int(row[0]) if row else 0
+                if current > _pg_sql.LATEST:
+                    raise JobStoreError(
+                        "JOB_STORE_SCHEMA",
+                        f"schema {self.schema!r} is at version {current}, newer than this "
+                        f"library's {_pg_sql.LATEST}; upgrade forgezero-lifecycle",
+                    )
+                quoted = sql.Identifier(self.schema).as_string(None)
+                for version in range(current + 1, _pg_sql.LATEST + 1):
+                    for statement in _pg_sql.MIGRATIONS[version - 1]:
+                        await conn.execute(statement.format(s=quoted))
+                    await conn.execute(self._q.record_version, (version,))
+
+    async def close(self) -> None:
+        """Close the pool when this store created it."""
+        if self._owns_pool:
+            await self._pool.close()
+
+    async def __aenter__(self) -> PostgresJobStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        self._listeners.append(callback)
+        return lambda: self._listeners.remove(callback) if callback in self._listeners else None
+
+    def _notify(self) -> None:
+        for callback in list(self._listeners):
+            callback()
+
+    @asynccontextmanager
+    async def _tx(self, check: Lease[PgConnection] | None = None) -> AsyncIterator[PgConnection]:
+        async with self._pool.connection() as conn:
+            deferred = self._deferred.setdefault(id(conn), [])
+            try:
+                async with conn.transaction():
+                    if check is not None:
+                        with _store_errors():
+                            cur = await conn.execute(
+                                self._q.held_for_update, check.key, prepare=True
+                            )
+                            held = await cur.fetchone()
+                        if held is None:
+                            raise _lost(check)
+                    yield conn
+                actions = list(deferred)
+            finally:
+                self._deferred.pop(id(conn), None)
+        for action in actions:
+            action()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[PgConnection]:
+        async with self._tx() as conn:
+            yield conn
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: Mapping[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        delay: float = 0.0,
+        max_attempts: int = 5,
+        conn: PgConnection | None = None,
+    ) -> Job:
+        check_enqueue(queue, delay, max_attempts)
+        text = payload_json(payload)
+        digest = payload_hash(queue, text)
+        key = new_key() if idempotency_key is None else idempotency_key
+        args = (queue, text, digest, key, max_attempts, delay)
+        if conn is None:
+            async with self._pool.connection() as own:
+                job = await self._insert(own, args)
+            self._notify()
+            return job
+        job = await self._insert(conn, args)
+        deferred = self._deferred.get(id(conn))
+        if deferred is None:  # the caller's own connection: we cannot see its commit
+            self._notify()
+        else:
+            deferred.append(self._notify)
+        return job
+
+    async def _insert(self, conn: PgConnection, args: tuple[Any, ...]) -> Job:
+        with _store_errors():
+            row = await (await conn.execute(self._q.insert, args, prepare=True)).fetchone()
+            if row is not None:
+                return row_to_job(row)
+            found = await (await conn.execute(self._q.by_key, (args[3],))).fetchone()
+        if found is None:
+            raise JobStoreError(detail=f"idempotency key {args[3]!r} is being inserted; retry")
+        if found[-1] != args[2]:
+            raise IdempotencyConflict(
+                detail=f"idempotency key {args[3]!r} was used for a different queue or payload"
+            )
+        return row_to_job(found[:-1])
+
+    async def _fetch(self, query: str, args: Any) -> list[tuple[Any, ...]]:
+        with _store_errors():
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(query, args, prepare=True)
+                return await cur.fetchall() if cur.description else []
+
+    async def _rowcount(self, query: str, args: Any) -> int:
+        with _store_errors():
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(query, args, prepare=True)
+                return int(cur.rowcount)
+
+    async def claim(
+        self, owner: str, n: int, lease: float, *, queues: Collection[str] | None = None
+    ) -> list[Lease[PgConnection]]:
+        if n <= 0 or (queues is not None and not queues):
+            return []
+        args: dict[str, Any] = {"owner": owner, "n": n, "lease": lease}
+        if queues is not None:
+            args["queues"] = sorted(queues)
+        query = self._q.claim_any if queues is None else self._q.claim_queues
+        jobs = sorted(
+            map(row_to_job, await self._fetch(query, args)), key=lambda j: (j.run_after, j.id)
+        )
+        return [Lease(self, job) for job in jobs]
+
+    async def heartbeat(
+        self, leases: Sequence[Lease[PgConnection]], lease: float
+    ) -> list[Lease[PgConnection]]:
+        if not leases:
+            return []
+        ids = [held.job.id for held in leases]
+        fences = [held.fence for held in leases]
+        rows = await self._fetch(self._q.heartbeat, (ids, fences, ids, lease))
+        lost = {(r[0], r[1]) for r in rows}
+        return [held for held in leases if held.key in lost]
+
+    @asynccontextmanager
+    async def complete(
+        self, lease: Lease[PgConnection], result: Any = None
+    ) -> AsyncIterator[PgConnection]:
+        text = result_json(result)
+        async with self._tx(lease) as conn:
+            lease._set_committing(True)
+            try:
+                yield conn
+                with _store_errors():
+                    cur = await conn.execute(self._q.complete, (text, *lease.key), prepare=True)
+                if cur.rowcount != 1:  # pragma: no cover - we hold the row lock
+                    raise _lost(lease)
+            finally:
+                lease._set_committing(False)
+        lease._settle()
+
+    async def complete_many(
+        self, items: Sequence[tuple[Lease[PgConnection], Any]]
+    ) -> list[Lease[PgConnection]]:
+        if not items:
+            return []
+        ids = [lease.job.id for lease, _ in items]
+        fences = [lease.fence for lease, _ in items]
+        results = [result_json(result) for _, result in items]
+        rows = await self._fetch(self._q.complete_many, (ids, fences, results, ids, ids))
+        done = {(r[0], r[1]) for r in rows}
+        lost = []
+        for lease, _ in items:
+            if lease.key in done:
+                lease._settle()
+            else:
+                lost.append(lease)
+        return lost
+
+    async def fail(self, lease: Lease[PgConnection], error: str, *, retry_in: float) -> Job:
+        args = (max(0.0, retry_in), error_text(error), *lease.key)
+        rows = await self._fetch(self._q.fail, args)
+        if not rows:
+            raise _lost(lease)
+        lease._settle()
+        return row_to_job(rows[0])
+
+    async def release(self, lease: Lease[PgConnection]) -> None:
+        if await self._rowcount(self._q.release, lease.key) == 0:
+            raise _lost(lease)
+        lease._settle()
+
+    async def release_owner(self, owner: str) -> int:
+        return await self._rowcount(self._q.release_owner, (owner,))
+
+    async def reclaim_expired(self) -> int:
+        return await self._rowcount(self._q.reclaim, ())
+
+    async def get(self, job_id: int) -> Job | None:
+        rows = await self._fetch(self._q.get, (job_id,))
+        return row_to_job(rows[0]) if rows else None
+
+    async def stats(self) -> JobStats:
+        rows = await self._fetch(self._q.stats, ())
+        return JobStats(**{str(state): int(count) for state, count in rows})

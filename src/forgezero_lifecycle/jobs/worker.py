@@ -1,0 +1,290 @@
+"""The job worker: claim in batches, heartbeat every lease, run handlers, finish them fenced.
+
+``JobWorker`` is the drain's ``jobs`` participant (:class:`~forgezero_lifecycle.core.participant.
+WorkParticipant`): :meth:`~JobWorker.pause_intake` stops claiming in the same synchronous step
+that closes the gate (a claim already in flight is released as soon as it returns);
+:meth:`~JobWorker.drain` lets running jobs finish while heartbeats continue, and shortly before
+the deadline cancels what is left and releases it fenced (attempt refunded), then calls
+``release_owner`` to catch a claim that raced the stop; :meth:`~JobWorker.resume_intake`
+(rollback) claims again. A new generation claims released jobs at once and expired ones after
+their lease.
+
+**Enqueue keeps working while a worker drains**: ``store.enqueue`` writes to the store, not to
+the worker, so jobs enqueued during a drain wait there for the next generation's claims.
+
+The claim loop never busy-polls: after an empty claim it sleeps ``idle_interval`` on the injected
+clock, and wakes at once when a job is enqueued through the same store object in this process.
+Heartbeats cover every held lease in one store call per tick and continue until each job is
+completed or released (stopping them at drain start would let leases expire under running jobs).
+A handler whose lease is lost is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Generic, Literal, TypeVar, final
+
+from .._clock import Clock, SystemClock
+from .._errors import ConfigurationError
+from ._batcher import CompletionBatcher, wait_event_or_sleep
+from ._runner import Handler, JobRunner, WorkerStats
+from .store import ConnT, JobStore, exponential_backoff
+
+__all__ = ["Handler", "JobWorker", "WorkerStats"]
+
+logger = logging.getLogger("forgezero_lifecycle.jobs")
+
+H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
+
+
+@final
+class JobWorker(Generic[ConnT]):
+    """Runs durable jobs from ``store`` with up to ``concurrency`` handlers at a time."""
+
+    def __init__(
+        self,
+        store: JobStore[ConnT],
+        handlers: Mapping[str, Handler[ConnT]] | None = None,
+        *,
+        concurrency: int = 8,
+        lease: float = 30.0,
+        heartbeat_every: float | None = None,
+        owner: str | None = None,
+        clock: Clock | None = None,
+        idle_interval: float = 1.0,
+        reclaim_every: float | None = None,
+        release_margin: float = 1.0,
+        backoff: Callable[[int], float] = exponential_backoff,
+    ) -> None:
+        heartbeat_every = lease / 3 if heartbeat_every is None else heartbeat_every
+        if concurrency < 1 or lease <= 0 or idle_interval <= 0 or release_margin < 0:
+            raise ConfigurationError(
+                detail="need concurrency >= 1, lease > 0, idle_interval > 0, release_margin >= 0"
+            )
+        if not 0 < heartbeat_every < lease:
+            raise ConfigurationError(detail=f"heartbeat_every must be in (0, lease={lease})")
+        self._store = store
+        self._concurrency = concurrency
+        self._lease = lease
+        self._heartbeat_every = heartbeat_every
+        self._owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._clock: Clock = clock or SystemClock()
+        self._idle_interval = idle_interval
+        self._reclaim_every = heartbeat_every if reclaim_every is None else reclaim_every
+        self._release_margin = release_margin
+        self._tasks: list[asyncio.Task[None]] = []
+        self._cleanups: set[asyncio.Task[None]] = set()
+        self._batcher = CompletionBatcher(store, f"forgezero-jobs-{self._owner}")
+        self._runner = JobRunner(store, dict(handlers or {}), self._batcher, backoff, self._owner)
+        self._unsubscribe: Callable[[], None] | None = None
+        self._paused = False
+        self._stopped = False
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._wake = asyncio.Event()
+        self._claim_quiet = asyncio.Event()
+        self._claim_quiet.set()
+
+    # -- configuration -------------------------------------------------------------------------
+
+    @property
+    def owner(self) -> str:
+        """The lease owner this worker claims as (unique per worker instance by default)."""
+        return self._owner
+
+    def handler(self, name: str) -> Callable[[H], H]:
+        """Register the decorated ``async def handler(lease)`` for jobs of queue ``name``."""
+
+        def register(fn: H) -> H:
+            if name in self._runner.handlers:
+                raise ConfigurationError(detail=f"a handler for {name!r} is already registered")
+            self._runner.handlers[name] = fn
+            return fn
+
+        return register
+
+    # -- WorkParticipant -----------------------------------------------------------------------
+
+    @property
+    def kind(self) -> Literal["jobs"]:
+        """The drain status counter this worker adds to."""
+        return "jobs"
+
+    def in_flight(self) -> int:
+        """Leases this worker holds: running handlers and jobs being completed or released."""
+        return len(self._runner.runs)
+
+    def pause_intake(self) -> None:
+        """Stop claiming from this instant; running jobs continue (synchronous)."""
+        self._paused = True
+        self._resumed.clear()
+
+    def resume_intake(self) -> None:
+        """Claim again (drain rollback)."""
+        if self._stopped:
+            return
+        self._paused = False
+        self._resumed.set()
+        self._wake.set()
+
+    async def drain(self, timeout: float) -> None:
+        """Let running jobs finish; ``release_margin`` before ``timeout`` release what is left."""
+        self.pause_intake()
+        timeout = max(0.0, timeout)
+        deadline = self._clock.monotonic() + timeout
+        margin = min(self._release_margin, timeout / 4)
+        runner = self._runner
+        await self._wait(runner.idle, deadline - margin)
+        if runner.runs:
+            logger.info("jobs.drain.cancel owner=%s running=%d", self._owner, len(runner.runs))
+            runner.cancel_running()
+            await self._wait(runner.idle, deadline - margin / 2)
+        # Releasing can wait on a completion that holds the row (or SQLite's write) lock, so
+        # it runs as its own task and the drain returns by the deadline either way.
+        finished = asyncio.Event()
+        rest = asyncio.create_task(
+            self._release_rest(), name=f"forgezero-jobs-release-{self._owner}"
+        )
+        self._cleanups.add(rest)
+        rest.add_done_callback(self._cleanups.discard)
+        rest.add_done_callback(self._task_ended)
+        rest.add_done_callback(lambda _: finished.set())
+        await self._wait(finished, deadline)
+        if not rest.done():
+            logger.warning("jobs.drain.release_pending owner=%s", self._owner)
+
+    async def _release_rest(self) -> None:
+        runner = self._runner
+        await runner.release_stuck()  # handlers that ignored cancellation: fencing is enough
+        await self._claim_quiet.wait()
+        try:
+            raced = await self._store.release_owner(self._owner)
+        except Exception as exc:
+            runner.record("jobs.release_owner_failed", exc)
+        else:
+            if raced:
+                runner.counts["released"] += raced
+                logger.info("jobs.drain.released_raced owner=%s count=%d", self._owner, raced)
+
+    async def _wait(self, event: asyncio.Event, until: float) -> None:
+        await wait_event_or_sleep(event, until - self._clock.monotonic(), self._clock)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start claiming, heartbeating and completing (inside a running event loop)."""
+        if self._tasks or self._stopped:
+            raise RuntimeError("a JobWorker starts once; create a new one after stop()")
+        self._batcher.start()
+        self._unsubscribe = self._store.subscribe(self.wake)
+        self._tasks = [
+            asyncio.create_task(self._claim_loop(), name=f"forgezero-jobs-claim-{self._owner}"),
+            asyncio.create_task(self._heartbeat_loop(), name=f"forgezero-jobs-hb-{self._owner}"),
+        ]
+        for task in self._tasks:
+            task.add_done_callback(self._task_ended)
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self._runner.record("jobs.task_crashed", exc)
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Drain (``timeout`` defaults to the lease), then stop every background task."""
+        if self._stopped:
+            return
+        if self._tasks:
+            await self.drain(self._lease if timeout is None else timeout)
+        self._stopped = True
+        self.pause_intake()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        self._runner.abandon()
+        tasks = [*self._tasks, *self._cleanups]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._batcher.stop()
+
+    def wake(self) -> None:
+        """Claim now instead of after the idle interval (called on enqueue in this process)."""
+        self._wake.set()
+
+    def statistics(self) -> WorkerStats:
+        """A snapshot of this worker's counters (``running`` = leases held)."""
+        return WorkerStats(
+            owner=self._owner,
+            running=len(self._runner.runs),
+            paused=self._paused,
+            last_error=self._runner.last_error,
+            **self._runner.counts,
+        )
+
+    # -- loops ---------------------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        next_sweep = self._clock.monotonic()
+        while True:
+            if self._paused:
+                await self._resumed.wait()
+                continue
+            free = self._runner.free_slots(self._concurrency)
+            if free <= 0:
+                self._runner.slot_free.clear()
+                await self._runner.slot_free.wait()
+                continue
+            if self._clock.monotonic() >= next_sweep:
+                next_sweep = self._clock.monotonic() + self._reclaim_every
+                await self._sweep()
+            self._wake.clear()
+            if not await self._claim(free) and not self._paused:
+                await wait_event_or_sleep(self._wake, self._idle_interval, self._clock)
+
+    async def _sweep(self) -> None:
+        try:
+            count = await self._store.reclaim_expired()
+        except Exception as exc:
+            self._runner.record("jobs.reclaim_failed", exc)
+        else:
+            if count:
+                logger.info("jobs.reclaimed_expired owner=%s count=%d", self._owner, count)
+
+    async def _claim(self, free: int) -> int:
+        if self._paused:  # checked with no await before the claim starts: none after a pause
+            return 0
+        self._claim_quiet.clear()
+        try:
+            try:
+                leases = await self._store.claim(
+                    self._owner, free, self._lease, queues=tuple(self._runner.handlers)
+                )
+            except Exception as exc:
+                self._runner.record("jobs.claim_failed", exc)
+                return 0
+            if self._paused:  # the gate closed while the claim was in flight
+                for lease in leases:
+                    await self._runner.release(lease)
+                return len(leases)
+            self._runner.counts["claimed"] += len(leases)
+            for lease in leases:
+                self._runner.start(lease)
+            return len(leases)
+        finally:
+            self._claim_quiet.set()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await self._clock.sleep(self._heartbeat_every)
+            leases = self._runner.held()
+            if not leases:
+                continue
+            try:
+                lost = await self._store.heartbeat(leases, self._lease)
+            except Exception as exc:
+                self._runner.record("jobs.heartbeat_failed", exc)
+                continue
+            self._runner.lost(lost)
