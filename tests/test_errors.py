@@ -66,6 +66,8 @@ TREE = {
     "ScheduleNotFound": ("ScheduleError", LookupError, ("SCHEDULE_NOT_FOUND",)),
     "ScheduleIntakePaused": ("ScheduleError", RuntimeError, ("SCHEDULE_INTAKE_PAUSED",)),
     "IdempotencyConflict": ("JobError", ValueError, ("JOB_IDEMPOTENCY_CONFLICT",)),
+    "JobInvalid": ("JobError", ValueError, ("JOB_INVALID",)),
+    "JobStateError": ("JobError", RuntimeError, ("JOB_STATE_INVALID",)),
     "LeaseLostError": ("JobError", RuntimeError, ("JOB_LEASE_LOST",)),
     "JobHandlerUnknown": ("JobError", LookupError, ("JOB_HANDLER_UNKNOWN",)),
     "JobStoreError": ("JobError", RuntimeError, ("JOB_STORE_UNAVAILABLE", "JOB_STORE_SCHEMA")),

@@ -35,6 +35,8 @@ from ._errors import DrainRequestInvalid as DrainRequestInvalid
 from ._errors import IdempotencyConflict as IdempotencyConflict
 from ._errors import JobError as JobError
 from ._errors import JobHandlerUnknown as JobHandlerUnknown
+from ._errors import JobInvalid as JobInvalid
+from ._errors import JobStateError as JobStateError
 from ._errors import JobStoreError as JobStoreError
 from ._errors import LeaseLostError as LeaseLostError
 from ._errors import LifecycleError as LifecycleError
@@ -145,7 +147,9 @@ __all__ = [
     "Job",
     "JobError",
     "JobHandlerUnknown",
+    "JobInvalid",
     "JobState",
+    "JobStateError",
     "JobStats",
     "JobStore",
     "JobStoreError",

@@ -39,6 +39,8 @@ subclasses :class:`RuntimeError`, an unknown name subclasses :class:`LookupError
     │   ├── ScheduleNotFound (LookupError)        SCHEDULE_NOT_FOUND
     │   └── ScheduleIntakePaused (RuntimeError)   SCHEDULE_INTAKE_PAUSED
     └── JobError
+        ├── JobInvalid (ValueError)               JOB_INVALID (bad enqueue arguments)
+        ├── JobStateError (RuntimeError)          JOB_STATE_INVALID (a call out of order)
         ├── IdempotencyConflict (ValueError)      JOB_IDEMPOTENCY_CONFLICT
         ├── LeaseLostError (RuntimeError)         JOB_LEASE_LOST
         ├── JobHandlerUnknown (LookupError)       JOB_HANDLER_UNKNOWN
@@ -67,6 +69,8 @@ __all__ = [
     "IdempotencyConflict",
     "JobError",
     "JobHandlerUnknown",
+    "JobInvalid",
+    "JobStateError",
     "JobStoreError",
     "LeaseLostError",
     "LifecycleError",
@@ -283,6 +287,14 @@ class IdempotencyConflict(JobError, ValueError):
 
 class LeaseLostError(JobError, RuntimeError):
     codes = ("JOB_LEASE_LOST",)
+
+
+class JobInvalid(JobError, ValueError):
+    codes = ("JOB_INVALID",)
+
+
+class JobStateError(JobError, RuntimeError):
+    codes = ("JOB_STATE_INVALID",)
 
 
 class JobHandlerUnknown(JobError, LookupError):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
-from forgezero_lifecycle._errors import IdempotencyConflict
+from forgezero_lifecycle._errors import IdempotencyConflict, JobInvalid
 from forgezero_lifecycle.jobs import JobStats
 
 from .conftest import StoreKit
@@ -52,15 +54,20 @@ async def test_enqueue_without_key_never_deduplicates(kit: StoreKit) -> None:
 
 
 async def test_enqueue_rejects_bad_arguments(kit: StoreKit) -> None:
-    """Bad input raises ValueError/TypeError and writes nothing."""
-    with pytest.raises(ValueError, match="queue"):
-        await kit.store.enqueue("", {})
-    with pytest.raises(ValueError, match="max_attempts"):
-        await kit.store.enqueue("q", {}, max_attempts=0)
-    with pytest.raises(ValueError, match="delay"):
-        await kit.store.enqueue("q", {}, delay=-1)
-    with pytest.raises(TypeError):
-        await kit.store.enqueue("q", ["not", "a", "mapping"])  # type: ignore[arg-type]
+    """Bad input raises JobInvalid (JOB_INVALID, a ValueError) and writes nothing."""
+    bad_calls: list[tuple[str, Any, dict[str, Any]]] = [
+        ("", {}, {}),
+        ("q", {}, {"max_attempts": 0}),
+        ("q", {}, {"delay": -1}),
+        ("q", {}, {"delay": float("nan")}),
+        ("q", ["not", "a", "mapping"], {}),
+        ("q", {"when": {1, 2}}, {}),
+    ]
+    for queue, payload, options in bad_calls:
+        with pytest.raises(JobInvalid) as caught:
+            await kit.store.enqueue(queue, payload, **options)
+        assert caught.value.code == "JOB_INVALID"
+        assert isinstance(caught.value, ValueError)
     assert (await kit.store.stats()).total == 0
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from forgezero_lifecycle._errors import ConfigurationError
+from forgezero_lifecycle._errors import ConfigurationError, JobStateError
 from forgezero_lifecycle.core.participant import WorkParticipant
 from forgezero_lifecycle.jobs import JobWorker, Lease, MemoryJobStore
 from forgezero_lifecycle.testing import ManualClock, settle
@@ -259,8 +259,9 @@ async def test_start_once_and_stop_twice(store: CountingStore, clock: ManualCloc
     """start() twice is an error; stop() is idempotent."""
     worker = make_worker(store, clock)
     worker.start()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(JobStateError) as caught:
         worker.start()
+    assert caught.value.code == "JOB_STATE_INVALID"
     await worker.stop()
     await worker.stop()
     assert worker.statistics().paused

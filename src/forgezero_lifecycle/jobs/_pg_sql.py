@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, final
 
+from .._errors import ConfigurationError
 from .store import Job
 
 __all__ = ["MIGRATIONS", "Statements", "row_to_job"]
@@ -80,8 +81,8 @@ def row_to_job(row: tuple[Any, ...]) -> Job:
 
 def check_schema_name(schema: str) -> str:
     if not isinstance(schema, str) or _SCHEMA_NAME.fullmatch(schema) is None:
-        raise ValueError(
-            f"schema must be a plain SQL identifier ([A-Za-z_][A-Za-z0-9_]*, <= 63), got {schema!r}"
+        raise ConfigurationError(
+            detail=f"schema must be a plain SQL identifier ([A-Za-z_][A-Za-z0-9_]*, <= 63), got {schema!r}"
         )
     return schema
 

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar, final
 
-from .._errors import JobStoreError, LeaseLostError
+from .._errors import JobStateError, JobStoreError, LeaseLostError
 from . import _sqlite_sql as q
 
 __all__ = ["SQLiteDatabase", "SQLiteTransaction"]
@@ -54,7 +54,9 @@ class SQLiteTransaction:
 
     def _check(self) -> None:
         if not self._active:
-            raise RuntimeError("this transaction has ended; write inside the `async with` block")
+            raise JobStateError(
+                detail="this transaction has ended; write inside the `async with` block"
+            )
 
     def _end(self, *, committed: bool) -> None:
         self._active = False
@@ -160,8 +162,8 @@ class SQLiteDatabase:
         """Own the writer connection (a transaction spans awaits, so an asyncio lock)."""
         task = asyncio.current_task()
         if task is not None and task is self._holder:
-            raise RuntimeError(
-                "this task already holds a transaction of this SQLiteJobStore; "
+            raise JobStateError(
+                detail="this task already holds a transaction of this SQLiteJobStore; "
                 "pass conn=<the transaction> instead of opening another one"
             )
         async with self._lock:

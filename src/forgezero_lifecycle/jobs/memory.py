@@ -16,7 +16,7 @@ from typing import Any, final
 
 import orjson
 
-from .._errors import IdempotencyConflict, LeaseLostError
+from .._errors import IdempotencyConflict, JobStateError, LeaseLostError
 from .store import (
     Job,
     JobStats,
@@ -54,7 +54,9 @@ class MemoryTransaction:
 
     def _check(self) -> None:
         if not self._active:
-            raise RuntimeError("this transaction has ended; write inside the `async with` block")
+            raise JobStateError(
+                detail="this transaction has ended; write inside the `async with` block"
+            )
 
     def _end(self, *, commit: bool) -> None:
         self._active = False

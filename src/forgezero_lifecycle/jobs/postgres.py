@@ -32,7 +32,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 import orjson
 
-from .._errors import IdempotencyConflict, JobStoreError, LeaseLostError
+from .._errors import ConfigurationError, IdempotencyConflict, JobStoreError, LeaseLostError
 from . import _pg_sql
 from ._pg_sql import Statements, row_to_job
 from .store import (
@@ -84,7 +84,7 @@ class PostgresJobStore:
         max_size: int = 10,
     ) -> None:
         if (dsn is None) == (pool is None):
-            raise ValueError("pass exactly one of dsn= or pool=")
+            raise ConfigurationError(detail="pass exactly one of dsn= or pool=")
         self.schema = _pg_sql.check_schema_name(schema)
         self._q = Statements.for_schema(sql.Identifier(schema).as_string(None))
         self._owns_pool = pool is None

@@ -26,7 +26,13 @@ from typing import Any, Literal, final
 
 import orjson
 
-from .._errors import IdempotencyConflict, JobStoreError, LeaseLostError
+from .._errors import (
+    ConfigurationError,
+    IdempotencyConflict,
+    JobStateError,
+    JobStoreError,
+    LeaseLostError,
+)
 from . import _sqlite_sql as q
 from ._sqlite_db import SQLiteDatabase, SQLiteTransaction
 from .store import (
@@ -58,9 +64,13 @@ class SQLiteJobStore:
     ) -> None:
         self._path = os.fspath(path)
         if self._path in ("", ":memory:") or self._path.startswith("file::memory:"):
-            raise ValueError("SQLiteJobStore needs a database file that generations can share")
+            raise ConfigurationError(
+                detail="SQLiteJobStore needs a database file that generations can share"
+            )
         if synchronous not in ("NORMAL", "FULL"):
-            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+            raise ConfigurationError(
+                detail=f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}"
+            )
         self._now = now
         self._db = SQLiteDatabase(
             self._path, busy_ms=int(busy_timeout * 1000), synchronous=synchronous
@@ -120,7 +130,7 @@ class SQLiteJobStore:
             self._notify()
             return job
         if conn._db is not self._db:
-            raise ValueError("conn belongs to a different SQLiteJobStore")
+            raise JobStateError(detail="conn belongs to a different SQLiteJobStore")
         conn._check()
         job = await self._db.op(insert, self._db.writer())
         conn._after_commit.append(self._notify)

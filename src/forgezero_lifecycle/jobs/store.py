@@ -30,6 +30,8 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, final
 
 import orjson
 
+from .._errors import JobInvalid
+
 __all__ = [
     "ConnT",
     "Job",
@@ -221,8 +223,11 @@ def exponential_backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0)
 def payload_json(payload: Mapping[str, Any]) -> str:
     """The payload as compact JSON with sorted keys (what stores persist)."""
     if not isinstance(payload, Mapping):
-        raise TypeError(f"a job payload must be a mapping, not {type(payload).__name__}")
-    return orjson.dumps(dict(payload), option=orjson.OPT_SORT_KEYS).decode()
+        raise JobInvalid(detail=f"a job payload must be a mapping, not {type(payload).__name__}")
+    try:
+        return orjson.dumps(dict(payload), option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONEncodeError as error:
+        raise JobInvalid(detail=f"a job payload must be JSON data: {error}") from None
 
 
 def payload_hash(queue: str, payload_text: str) -> str:
@@ -242,12 +247,12 @@ def new_key() -> str:
 
 def check_enqueue(queue: str, delay: float, max_attempts: int) -> None:
     """Reject malformed enqueue arguments before touching the store."""
-    if not queue:
-        raise ValueError("a job needs a non-empty queue (handler) name")
-    if delay < 0:
-        raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+    if not isinstance(queue, str) or not queue:
+        raise JobInvalid(detail="a job needs a non-empty queue (handler) name")
+    if not delay >= 0:
+        raise JobInvalid(detail=f"delay must be >= 0 seconds, got {delay!r}")
     if max_attempts < 1:
-        raise ValueError(f"max_attempts must be >= 1, got {max_attempts!r}")
+        raise JobInvalid(detail=f"max_attempts must be >= 1, got {max_attempts!r}")
 
 
 def error_text(error: str) -> str:

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Generic, Literal, TypeVar, final
 
 from .._clock import Clock, SystemClock
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, JobStateError
 from ._batcher import CompletionBatcher, wait_event_or_sleep
 from ._runner import Handler, JobRunner, WorkerStats
 from .store import ConnT, JobStore, exponential_backoff
@@ -179,7 +179,7 @@ class JobWorker(Generic[ConnT]):
     def start(self) -> None:
         """Start claiming, heartbeating and completing (inside a running event loop)."""
         if self._tasks or self._stopped:
-            raise RuntimeError("a JobWorker starts once; create a new one after stop()")
+            raise JobStateError(detail="a JobWorker starts once; create a new one after stop()")
         self._batcher.start()
         self._unsubscribe = self._store.subscribe(self.wake)
         self._tasks = [
