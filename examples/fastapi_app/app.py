@@ -14,9 +14,15 @@ The app reads its settings from the environment itself; the library reads none::
     FORGEZERO_NOT_READY_GRACE seconds readiness is off before intake closes (the endpoint race;
                               `forgezero-lifecycle serve --not-ready-grace` sets it)
 
+    FORGEZERO_JOBS_DB         SQLite file of the durable jobs (default forgezero-example-jobs.sqlite3;
+                              both generations must share it)
+    FORGEZERO_JOBS_DSN        a postgresql:// DSN instead of SQLite
+
 Endpoints: ``/hello`` (fast, counts visits), ``/slow?seconds=``, ``/stream`` (server-sent
-events that end by themselves once a drain begins), ``/echo`` (WebSocket), and the control
-plane under ``/.forgezero/runtime/``. The visit count is the state handed to the next generation.
+events that end by themselves once a drain begins), ``/echo`` (WebSocket), ``POST /orders``
+(enqueues a durable job), ``GET /jobs/{id}``, ``POST /ledger/{user}`` (per-user serial work on
+the keyed queue), and the control plane under ``/.forgezero/runtime/``. The visit count is the
+state handed to the next generation; see work.py for the jobs, queue and scheduler.
 """
 
 from __future__ import annotations
@@ -25,14 +31,17 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Annotated, Final
 
-from fastapi import FastAPI, Query, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, HTTPException, Query, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 
 from forgezero_lifecycle.runtime import Runtime
 from forgezero_lifecycle.wire.handoff import StateImportContext
+
+from .work import Work
 
 # -- settings --------------------------------------------------------------------------------
 
@@ -95,9 +104,47 @@ runtime = Runtime(
     not_ready_grace=NOT_READY_GRACE,
 )
 
+work = Work()
+
 # -- the app --------------------------------------------------------------------------------
 
-app = FastAPI(title="forgezero-lifecycle FastAPI example")
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    await work.start(runtime)
+    try:
+        yield
+    finally:
+        await work.stop()
+        await runtime.aclose()
+
+
+app = FastAPI(title="forgezero-lifecycle FastAPI example", lifespan=lifespan)
+
+
+class Order(BaseModel):
+    user: str
+    order: str
+
+
+@app.post("/orders", status_code=202)
+async def place_order(order: Order) -> dict[str, int]:
+    """Enqueue the receipt as a durable job (also while draining: the next generation runs it)."""
+    return {"job": await work.enqueue_receipt(order.user, order.order)}
+
+
+@app.get("/jobs/{job_id}")
+async def job_status(job_id: int) -> dict[str, object]:
+    status = await work.job(job_id)
+    if status is None:
+        raise HTTPException(404, "no such job")
+    return status
+
+
+@app.post("/ledger/{user}")
+async def append_to_ledger(user: str, entry: Annotated[str, Query(max_length=200)]) -> list[str]:
+    """Per-user serial work: one user's entries apply in order, users run in parallel."""
+    return await work.append_to_ledger(user, entry)
 
 
 @app.get("/hello")

@@ -49,6 +49,8 @@ def _start_example(
             "FORGEZERO_HANDOFF_TOKEN": HANDOFF_TOKEN,
             "FORGEZERO_REVISION": revision,
             "FORGEZERO_STREAM_GRACE": "0.5",
+            # One job database per example, shared by both generations of a test session.
+            "FORGEZERO_JOBS_DB": str(tmp_path_factory.getbasetemp() / f"{name}-jobs.sqlite3"),
         },
     )
 
@@ -100,6 +102,29 @@ async def test_example_serves_and_drains_to_drained(
     assert closed.value.rcvd is not None
     assert closed.value.rcvd.code == 1012
     assert (await control.wait_for_status(nonce, "drained", "failed"))["status"] == "drained"
+
+
+@pytest.mark.parametrize("example", ["fastapi_app"], indirect=True)
+async def test_fastapi_example_runs_a_durable_job_once_with_its_receipt(
+    http: httpx.AsyncClient, control: ControlClient
+) -> None:
+    """POST /orders enqueues once per order id; the worker completes it under its fence."""
+    order = {"user": "ada", "order": f"order-{secrets.token_hex(4)}"}
+    first = (await http.post("/orders", json=order)).json()["job"]
+    again = (await http.post("/orders", json=order)).json()["job"]
+    assert first == again
+    job: dict[str, Any] = {}
+    async with asyncio.timeout(POLL_BOUND):
+        while job.get("state") != "done":
+            await asyncio.sleep(POLL_INTERVAL)
+            job = (await http.get(f"/jobs/{first}")).json()
+    assert (job["attempts"], job["result"]) == (1, {"sent": True})
+    ledger = [(await http.post("/ledger/ada", params={"entry": e})).json() for e in "abc"]
+    assert ledger[-1][-3:] == ["a", "b", "c"]
+    schedules = (await http.get("/.forgezero/runtime/schedules/v1/status", headers=AUTH)).json()[
+        "schedules"
+    ]
+    assert [s["name"] for s in schedules] == ["report-pending-jobs"]
 
 
 async def test_example_stream_ends_cooperatively_when_a_drain_begins(
