@@ -121,26 +121,22 @@ class Runtime:
 
     def wrap(self, app: ASGIApp) -> ASGIApp:
         """Wrap any ASGI app: in-flight middleware outside, control plane ahead of its routes."""
-        middleware = InFlightMiddleware(
-            app,
-            gate=self.gate,
-            control=self.control,
-            exempt=self._exempt,
-            websocket_close_code=self._close_code,
-        )
+        middleware = InFlightMiddleware(app, **self._middleware_options())
         middleware.forgezero_runtime = self
         return middleware
 
     def install(self, app: Starlette) -> None:
         """Install on a Starlette or FastAPI app, as the outermost user middleware."""
-        app.add_middleware(
-            InFlightMiddleware,
-            gate=self.gate,
-            control=self.control,
-            exempt=self._exempt,
-            websocket_close_code=self._close_code,
-        )
+        app.add_middleware(InFlightMiddleware, **self._middleware_options())
         app.state.forgezero_runtime = self
+
+    def _middleware_options(self) -> dict[str, Any]:
+        return {
+            "gate": self.gate,
+            "control": self.control,
+            "exempt": self._exempt,
+            "websocket_close_code": self._close_code,
+        }
 
     async def aclose(self) -> None:
         """Release what the runtime owns: a handoff fetch still running is cancelled (failed)."""
