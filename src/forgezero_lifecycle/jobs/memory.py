@@ -21,6 +21,7 @@ from .store import (
     Job,
     JobStats,
     Lease,
+    Listeners,
     check_enqueue,
     error_text,
     new_key,
@@ -78,7 +79,7 @@ class MemoryJobStore:
         self._next_id = 1
         self._tables: dict[str, dict[str, Any]] = {}
         self._locked: set[int] = set()
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners = Listeners()
 
     async def open(self) -> None:
         """Nothing to open; present for symmetry with the SQL stores."""
@@ -97,8 +98,7 @@ class MemoryJobStore:
         return dict(self._tables.get(name, {}))
 
     def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
-        self._listeners.append(callback)
-        return lambda: self._listeners.remove(callback) if callback in self._listeners else None
+        return self._listeners.subscribe(callback)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[MemoryTransaction]:
@@ -149,7 +149,7 @@ class MemoryJobStore:
                 self._jobs[job.id] = job
                 self._hashes[job.id] = digest
                 self._by_key[key] = job.id
-            self._notify()
+            self._listeners.notify()
 
         if conn is None:
             insert()
@@ -166,10 +166,6 @@ class MemoryJobStore:
                 detail=f"idempotency key {key!r} was used for a different queue or payload"
             )
         return self._jobs[job_id]
-
-    def _notify(self) -> None:
-        for callback in list(self._listeners):
-            callback()
 
     async def claim(
         self, owner: str, n: int, lease: float, *, queues: Collection[str] | None = None

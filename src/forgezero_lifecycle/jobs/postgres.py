@@ -39,6 +39,7 @@ from .store import (
     Job,
     JobStats,
     Lease,
+    Listeners,
     check_enqueue,
     error_text,
     new_key,
@@ -97,7 +98,7 @@ class PostgresJobStore:
             configure=self._configure,
             name=f"forgezero-jobs-{schema}",
         )
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners = Listeners()
         self._deferred: dict[int, list[Callable[[], None]]] = {}
 
     @staticmethod
@@ -141,12 +142,7 @@ class PostgresJobStore:
         await self.close()
 
     def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
-        self._listeners.append(callback)
-        return lambda: self._listeners.remove(callback) if callback in self._listeners else None
-
-    def _notify(self) -> None:
-        for callback in list(self._listeners):
-            callback()
+        return self._listeners.subscribe(callback)
 
     @asynccontextmanager
     async def _tx(self, check: Lease[PgConnection] | None = None) -> AsyncIterator[PgConnection]:
@@ -192,14 +188,14 @@ class PostgresJobStore:
         if conn is None:
             async with self._pool.connection() as own:
                 job = await self._insert(own, args)
-            self._notify()
+            self._listeners.notify()
             return job
         job = await self._insert(conn, args)
         deferred = self._deferred.get(id(conn))
         if deferred is None:  # the caller's own connection: we cannot see its commit
-            self._notify()
+            self._listeners.notify()
         else:
-            deferred.append(self._notify)
+            deferred.append(self._listeners.notify)
         return job
 
     async def _insert(self, conn: PgConnection, args: tuple[Any, ...]) -> Job:

@@ -39,6 +39,7 @@ from .store import (
     Job,
     JobStats,
     Lease,
+    Listeners,
     check_enqueue,
     error_text,
     new_key,
@@ -75,7 +76,7 @@ class SQLiteJobStore:
         self._db = SQLiteDatabase(
             self._path, busy_ms=int(busy_timeout * 1000), synchronous=synchronous
         )
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners = Listeners()
 
     async def open(self) -> None:
         """Open both connections, switch to WAL and create or migrate the schema."""
@@ -93,12 +94,7 @@ class SQLiteJobStore:
         await self.close()
 
     def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
-        self._listeners.append(callback)
-        return lambda: self._listeners.remove(callback) if callback in self._listeners else None
-
-    def _notify(self) -> None:
-        for callback in list(self._listeners):
-            callback()
+        return self._listeners.subscribe(callback)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[SQLiteTransaction]:
@@ -127,13 +123,13 @@ class SQLiteJobStore:
         insert = functools.partial(_insert, row=row)
         if conn is None:
             job = await self._db.write(insert)
-            self._notify()
+            self._listeners.notify()
             return job
         if conn._db is not self._db:
             raise JobStateError(detail="conn belongs to a different SQLiteJobStore")
         conn._check()
         job = await self._db.op(insert, self._db.writer())
-        conn._after_commit.append(self._notify)
+        conn._after_commit.append(self._listeners.notify)
         return job
 
     async def claim(

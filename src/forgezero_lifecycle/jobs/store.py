@@ -215,6 +215,30 @@ class JobStore(Protocol[ConnT]):
         ...
 
 
+@final
+class Listeners:
+    """The callbacks a store wakes on every enqueue through it (the worker's early wake-up)."""
+
+    __slots__ = ("_callbacks",)
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[], None]] = []
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Add ``callback``; the returned function removes it (safe to call twice)."""
+        self._callbacks.append(callback)
+
+        def unsubscribe() -> None:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+        return unsubscribe
+
+    def notify(self) -> None:
+        for callback in list(self._callbacks):
+            callback()
+
+
 def exponential_backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0) -> float:
     """Seconds to wait before retry number ``attempts`` (1, 2, 4, ... capped at ``cap``)."""
     return float(min(cap, base * 2 ** max(0, min(attempts - 1, 30))))
