@@ -1,4 +1,4 @@
-"""Public test kit: a manual clock, an in-memory job store, and loop helpers.
+"""Public test kit: a manual clock, an in-memory job store, an ASGI recorder, loop helpers.
 
 ``MemoryJobStore`` keeps the full JobStore contract (fences, leases, transactions that commit or
 roll back with the job) in memory, for tests of code that enqueues or handles durable jobs.
@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from typing import final
+from collections.abc import MutableMapping
+from typing import Any, final
 
 from .jobs.memory import MemoryJobStore as MemoryJobStore
 from .jobs.memory import MemoryTransaction as MemoryTransaction
 
-__all__ = ["ManualClock", "MemoryJobStore", "MemoryTransaction", "settle"]
+__all__ = ["ASGIRecorder", "ManualClock", "MemoryJobStore", "MemoryTransaction", "settle"]
 
 
 @final
@@ -67,3 +68,33 @@ async def settle(rounds: int = 20) -> None:
     """Let every ready task run until the loop is quiet (a bounded number of passes)."""
     for _ in range(rounds):
         await asyncio.sleep(0)
+
+
+@final
+class ASGIRecorder:
+    """A scripted ``receive`` and a recording ``send``, for message-level tests of ASGI apps.
+
+    ::
+
+        recorder = ASGIRecorder({"type": "http.request", "body": b""})
+        await app(scope, recorder.receive, recorder.send)
+        assert recorder.sent[0]["status"] == 200
+
+    ``receive`` hands out the scripted messages in order and then waits for :meth:`push`.
+    """
+
+    def __init__(self, *incoming: MutableMapping[str, Any]) -> None:
+        self.sent: list[MutableMapping[str, Any]] = []
+        self._incoming: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
+        for message in incoming:
+            self._incoming.put_nowait(message)
+
+    def push(self, message: MutableMapping[str, Any]) -> None:
+        """Script one more message for ``receive``."""
+        self._incoming.put_nowait(message)
+
+    async def receive(self) -> MutableMapping[str, Any]:
+        return await self._incoming.get()
+
+    async def send(self, message: MutableMapping[str, Any]) -> None:
+        self.sent.append(message)

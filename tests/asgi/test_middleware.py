@@ -9,7 +9,7 @@ import pytest
 
 from forgezero_lifecycle.asgi.middleware import InFlightMiddleware
 from forgezero_lifecycle.core.gate import IntakeGate
-from forgezero_lifecycle.testing import settle
+from forgezero_lifecycle.testing import ASGIRecorder, settle
 
 pytestmark = pytest.mark.anyio
 
@@ -22,20 +22,6 @@ def http_scope(path: str = "/work", root_path: str = "") -> Message:
 
 def ws_scope(extensions: Message | None = None) -> Message:
     return {"type": "websocket", "path": "/ws", "root_path": "", "extensions": extensions or {}}
-
-
-class Recorder:
-    def __init__(self, *incoming: Message) -> None:
-        self.sent: list[Message] = []
-        self.incoming: asyncio.Queue[Message] = asyncio.Queue()
-        for message in incoming:
-            self.incoming.put_nowait(message)
-
-    async def receive(self) -> Message:
-        return await self.incoming.get()
-
-    async def send(self, message: Message) -> None:
-        self.sent.append(message)
 
 
 async def ok_app(scope: Message, receive: Any, send: Any) -> None:
@@ -51,7 +37,7 @@ async def test_lifespan_passes_through_untouched() -> None:
     async def app(scope: Message, receive: Any, send: Any) -> None:
         seen.append((scope, receive, send))
 
-    recorder = Recorder()
+    recorder = ASGIRecorder()
     scope = {"type": "lifespan"}
     await InFlightMiddleware(app, gate=IntakeGate())(scope, recorder.receive, recorder.send)
     assert seen == [(scope, recorder.receive, recorder.send)]
@@ -66,7 +52,7 @@ async def test_request_is_counted_until_the_app_returns() -> None:
         await ok_app(scope, receive, send)
         await finish.wait()  # a background task after the response
 
-    recorder = Recorder({"type": "http.request", "body": b""})
+    recorder = ASGIRecorder({"type": "http.request", "body": b""})
     call = asyncio.ensure_future(
         InFlightMiddleware(app, gate=gate)(http_scope(), recorder.receive, recorder.send)
     )
@@ -88,7 +74,7 @@ async def test_refused_request_gets_503_and_never_reaches_the_app() -> None:
         nonlocal called
         called = True
 
-    recorder = Recorder()
+    recorder = ASGIRecorder()
     await InFlightMiddleware(app, gate=gate, retry_after=2)(
         http_scope(), recorder.receive, recorder.send
     )
@@ -116,7 +102,7 @@ async def test_responses_while_draining_carry_connection_close_once() -> None:
         ([], [(b"connection", b"close")]),
         ([(b"Connection", b"close")], [(b"Connection", b"close")]),
     ):
-        recorder = Recorder()
+        recorder = ASGIRecorder()
         gate.reopen()
         scope = {**http_scope(), "h": given}
         await InFlightMiddleware(app, gate=gate)(scope, recorder.receive, recorder.send)
@@ -125,7 +111,7 @@ async def test_responses_while_draining_carry_connection_close_once() -> None:
 
 async def test_no_connection_close_while_serving() -> None:
     """Outside a drain responses are passed on unchanged."""
-    recorder = Recorder({"type": "http.request", "body": b""})
+    recorder = ASGIRecorder({"type": "http.request", "body": b""})
     await InFlightMiddleware(ok_app, gate=IntakeGate())(
         http_scope(), recorder.receive, recorder.send
     )
@@ -143,7 +129,7 @@ async def test_stream_waiting_for_disconnect_is_ended_cleanly_at_the_notice() ->
         await send({"type": "http.response.body", "body": b"part", "more_body": True})
         got.append(await receive())  # blocks until the client leaves (or the notice)
 
-    recorder = Recorder({"type": "http.request", "body": b""})
+    recorder = ASGIRecorder({"type": "http.request", "body": b""})
     call = asyncio.ensure_future(
         InFlightMiddleware(streaming, gate=gate)(http_scope(), recorder.receive, recorder.send)
     )
@@ -169,14 +155,14 @@ async def test_request_body_is_read_normally_during_a_drain() -> None:
             if not message.get("more_body"):
                 break
 
-    recorder = Recorder({"type": "http.request", "body": b"a", "more_body": True})
+    recorder = ASGIRecorder({"type": "http.request", "body": b"a", "more_body": True})
     middleware = InFlightMiddleware(app, gate=gate)
     call = asyncio.ensure_future(middleware(http_scope(), recorder.receive, recorder.send))
     await settle()
     gate.close()
     gate.end_streams()
     await settle()
-    recorder.incoming.put_nowait({"type": "http.request", "body": b"b", "more_body": False})
+    recorder.push({"type": "http.request", "body": b"b", "more_body": False})
     await call
     assert bodies == [b"a", b"b"]
 
@@ -192,7 +178,7 @@ async def test_websocket_is_closed_with_1012_at_the_notice_and_later_sends_dropp
         await closed_by_server.wait()
         await send({"type": "websocket.send", "text": "late"})
 
-    recorder = Recorder({"type": "websocket.connect"})
+    recorder = ASGIRecorder({"type": "websocket.connect"})
     middleware = InFlightMiddleware(app, gate=gate, websocket_close_code=1012)
     call = asyncio.ensure_future(middleware(ws_scope(), recorder.receive, recorder.send))
     await settle()
@@ -213,7 +199,7 @@ async def test_websocket_refused_with_a_503_denial_when_the_server_offers_it() -
     """With websocket.http.response the handshake is denied with the same 503 body."""
     gate = IntakeGate()
     gate.close()
-    recorder = Recorder({"type": "websocket.connect"})
+    recorder = ASGIRecorder({"type": "websocket.connect"})
     scope = ws_scope({"websocket.http.response": {}})
     await InFlightMiddleware(ok_app, gate=gate)(scope, recorder.receive, recorder.send)
     assert recorder.sent[0]["type"] == "websocket.http.response.start"
@@ -228,7 +214,7 @@ async def test_websocket_refused_with_close_1013_otherwise() -> None:
     """Without the denial extension the handshake is closed with 1013 (try again later)."""
     gate = IntakeGate()
     gate.close()
-    recorder = Recorder({"type": "websocket.connect"})
+    recorder = ASGIRecorder({"type": "websocket.connect"})
     await InFlightMiddleware(ok_app, gate=gate)(ws_scope(), recorder.receive, recorder.send)
     assert recorder.sent == [{"type": "websocket.close", "code": 1013, "reason": "draining"}]
 
@@ -249,7 +235,7 @@ async def test_control_paths_go_to_the_control_app_uncounted_even_while_closed(
         reached.append(scope["path"])
         assert gate.counters()["http"] == 0
 
-    recorder = Recorder()
+    recorder = ASGIRecorder()
     middleware = InFlightMiddleware(ok_app, gate=gate, control=control)
     await middleware(http_scope(path, root_path), recorder.receive, recorder.send)
     assert reached == [path]
@@ -259,7 +245,7 @@ async def test_exempt_scopes_are_neither_counted_nor_refused() -> None:
     """A user exempt predicate lets e.g. a metrics path through during a drain."""
     gate = IntakeGate()
     gate.close()
-    recorder = Recorder({"type": "http.request", "body": b""})
+    recorder = ASGIRecorder({"type": "http.request", "body": b""})
     middleware = InFlightMiddleware(ok_app, gate=gate, exempt=lambda s: s["path"] == "/metrics")
     await middleware(http_scope("/metrics"), recorder.receive, recorder.send)
     assert recorder.sent[0]["status"] == 200
@@ -272,7 +258,7 @@ async def test_count_is_released_when_the_app_raises() -> None:
     async def broken(scope: Message, receive: Any, send: Any) -> None:
         raise RuntimeError("boom")
 
-    recorder = Recorder()
+    recorder = ASGIRecorder()
     with pytest.raises(RuntimeError):
         await InFlightMiddleware(broken, gate=gate)(http_scope(), recorder.receive, recorder.send)
     assert gate.counters()["http"] == 0
