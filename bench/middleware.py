@@ -142,7 +142,6 @@ def run(quick: bool) -> list[dict[str, object]]:
             samples["fastapi_runtime"],
             fast,
             "≤ 1 % (ratio ≤ 1.01)",
-            added=True,
         ),
     ]
 
