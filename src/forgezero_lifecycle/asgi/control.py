@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Final, final
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from .._errors import (
@@ -132,8 +132,10 @@ class ControlApp:
             response = await self._dispatch(request)
         except LifecycleError as error:
             response = _error(error)
+        except ClientDisconnect:
+            return  # the client hung up mid-body: nobody is left to answer, nothing changed
         except Exception:
-            logger.exception("control.internal_error path=%s", request.url.path)
+            logger.exception("control.internal_error path=%s", scope.get("path"))
             response = _json({"error": "RUNTIME_INTERNAL_ERROR"}, 500)
         if not body_read:
             # An answer given before the body was read (401, 413, 415…): read the rest first,
@@ -142,7 +144,7 @@ class ControlApp:
         await response(scope, receive, send)
 
     async def _dispatch(self, request: Request) -> Response:
-        path = request.url.path
+        path: str = request.scope["path"]  # request.url would decode the raw query string
         root = request.scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root) :]
@@ -227,7 +229,9 @@ async def _json_body(request: Request) -> object:
     if content_type.split(";", 1)[0].strip().lower() != "application/json":
         raise ContentTypeInvalid(detail="send Content-Type: application/json")
     declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > MAX_CONTROL_BODY_BYTES):
+    if declared is not None and (
+        not (declared.isascii() and declared.isdigit()) or int(declared) > MAX_CONTROL_BODY_BYTES
+    ):
         raise BodyTooLarge(detail=f"control bodies are at most {MAX_CONTROL_BODY_BYTES} bytes")
     body = bytearray()
     async for chunk in request.stream():
@@ -237,7 +241,7 @@ async def _json_body(request: Request) -> object:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
-        raise _invalid_body(request.url.path) from None
+        raise _invalid_body(request.scope["path"]) from None
 
 
 def _invalid_body(path: str) -> LifecycleError:
