@@ -40,6 +40,12 @@ bench-quick: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/forgezero-lifecycle demo
 
+# The long form of the reliability and fuzzing suites (RELIABILITY.md's figures come from it).
+soak: $(STAMP)
+	rm -f reliability-report.jsonl
+	FORGEZERO_SOAK=1 FORGEZERO_RELIABILITY_REPORT=reliability-report.jsonl \
+		$(BIN)/python -m pytest tests/reliability tests/security -q -rxX -p no:cacheprovider
+
 run: $(STAMP)
 	BIN=$(BIN) examples/run.sh
 

@@ -1,0 +1,208 @@
+"""A bounded load generator: concurrent keep-alive HTTP clients behind a switchable router.
+
+Each client runs requests one after another (fast, slow, streaming and POST with a checked body)
+until told to stop; every request carries a unique ``x-request-id`` that the servers record. A
+request refused with ``503 {"error":"RUNTIME_DRAINING"}`` was never processed, so the client sends
+it again, even a POST, to the other generation; so is one whose connection was refused (the
+process is gone). Anything else that goes wrong is kept as the attempt's outcome, for the test
+to judge against the servers' records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Final, final
+
+import anyio
+import httpx
+
+__all__ = ["REFUSAL", "Attempt", "HttpLoad", "RequestRecord", "Router", "Target"]
+
+REFUSAL: Final = b'{"error":"RUNTIME_DRAINING"}'
+KINDS: Final = ("fast", "slow", "stream", "post")
+WEIGHTS: Final = (0.45, 0.2, 0.15, 0.2)
+#: Attempts per request; a retry on the same target waits RETRY_PAUSE first (bounded: ~10 s).
+MAX_ATTEMPTS: Final = 200
+RETRY_PAUSE: Final = 0.05
+STREAM_CHUNKS: Final = 5
+
+
+@final
+@dataclass(eq=False)
+class Target:
+    """One generation as the router sees it: a label, a URL and a keep-alive connection pool."""
+
+    label: str
+    url: str
+    http: httpx.AsyncClient
+    outstanding: int = 0
+
+    @classmethod
+    def open(cls, label: str, url: str, connections: int) -> Target:
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        return cls(
+            label,
+            url,
+            httpx.AsyncClient(base_url=url, limits=limits, timeout=30.0, trust_env=False),
+        )
+
+    @property
+    def ws_url(self) -> str:
+        return "ws" + self.url.removeprefix("http") + "/ws"
+
+    async def wait_quiet(self, seconds: float = 15.0) -> None:
+        """Wait until no request of the load is outstanding on this target (bounded)."""
+        with anyio.fail_after(seconds):
+            while self.outstanding:  # noqa: ASYNC110 - a counter the load's tasks update
+                await anyio.sleep(0.01)
+
+
+@final
+class Router:
+    """Primary and standby; new work goes to the primary, a refused retry to the other one."""
+
+    def __init__(self, primary: Target) -> None:
+        self.primary = primary
+        self.standby: Target | None = None
+
+    def other(self, target: Target) -> Target:
+        if target is self.primary and self.standby is not None:
+            return self.standby
+        return self.primary
+
+    def switch(self) -> Target:
+        """Make the standby primary; returns the old primary."""
+        assert self.standby is not None
+        old, self.primary, self.standby = self.primary, self.standby, None
+        return old
+
+
+@dataclass(frozen=True)
+class Attempt:
+    target: str
+    #: ok | refused | connect-refused | error:<exception> | bad:<what was wrong>
+    outcome: str
+
+
+@dataclass
+class RequestRecord:
+    id: str
+    kind: str
+    attempts: list[Attempt] = field(default_factory=list)
+    done_at: float = 0.0
+
+    @property
+    def outcome(self) -> str:
+        return self.attempts[-1].outcome if self.attempts else "never-sent"
+
+    @property
+    def served_by(self) -> str | None:
+        last = self.attempts[-1] if self.attempts else None
+        return last.target if last is not None and last.outcome == "ok" else None
+
+    @property
+    def refusals(self) -> int:
+        return sum(a.outcome == "refused" for a in self.attempts)
+
+
+@final
+class HttpLoad:
+    """``clients`` concurrent clients sending mixed requests through ``router`` until stopped."""
+
+    def __init__(self, router: Router, *, clients: int, seed: int, think: float = 0.01) -> None:
+        self.router = router
+        self.clients = clients
+        self.seed = seed
+        self.think = think
+        self.records: list[RequestRecord] = []
+        self._stop = anyio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as group:
+            for number in range(self.clients):
+                group.start_soon(self._client, number)
+
+    async def _client(self, number: int) -> None:
+        rng = random.Random(self.seed * 1000 + number)
+        sequence = 0
+        while not self._stop.is_set():
+            sequence += 1
+            kind = rng.choices(KINDS, WEIGHTS)[0]
+            record = RequestRecord(f"s{self.seed}c{number}n{sequence}", kind)
+            self.records.append(record)
+            await self._send(record, rng)
+            await anyio.sleep(rng.random() * self.think)
+
+    async def _send(self, record: RequestRecord, rng: random.Random) -> None:
+        request = _Request.make(record, rng)
+        target = self.router.primary
+        for _ in range(MAX_ATTEMPTS):
+            outcome = await _attempt(target, request)
+            record.attempts.append(Attempt(target.label, outcome))
+            if outcome not in ("refused", "connect-refused"):
+                break
+            following = self.router.other(target)
+            if following is target:
+                await anyio.sleep(RETRY_PAUSE)
+            target = following
+        record.done_at = time.monotonic()
+
+
+@dataclass(frozen=True)
+class _Request:
+    record: RequestRecord
+    params: dict[str, str]
+    body: bytes = b""
+
+    @classmethod
+    def make(cls, record: RequestRecord, rng: random.Random) -> _Request:
+        if record.kind == "slow":
+            return cls(record, {"ms": str(rng.randint(100, 600))})
+        if record.kind == "stream":
+            return cls(record, {"chunks": str(STREAM_CHUNKS), "ms": str(rng.randint(10, 50))})
+        if record.kind == "post":
+            return cls(record, {}, rng.randbytes(rng.randint(1, 64 * 1024)))
+        return cls(record, {})
+
+
+async def _attempt(target: Target, request: _Request) -> str:
+    record = request.record
+    headers = {"x-request-id": record.id}
+    target.outstanding += 1
+    try:
+        if record.kind == "post":
+            headers["x-body-sha256"] = hashlib.sha256(request.body).hexdigest()
+            response = await target.http.post("/submit", content=request.body, headers=headers)
+        else:
+            path = "/" + record.kind
+            response = await target.http.get(path, params=request.params, headers=headers)
+    except httpx.ConnectError:
+        return "connect-refused"
+    except httpx.TransportError as error:
+        return f"error:{type(error).__name__}:{error}"
+    finally:
+        target.outstanding -= 1
+    if response.status_code == 503 and response.content == REFUSAL:
+        return "refused"
+    return _judge(target.label, request, response)
+
+
+def _judge(label: str, request: _Request, response: httpx.Response) -> str:
+    record = request.record
+    if response.status_code != 200:
+        return f"bad:status {response.status_code} {response.content[:80]!r}"
+    if record.kind == "stream":
+        expected = "".join(f"{label} chunk {i}\n" for i in range(STREAM_CHUNKS)) + "end\n"
+        return "ok" if response.text == expected else f"bad:stream {response.text[-40:]!r}"
+    body = response.json()
+    if body.get("id") != record.id or body.get("gen") != label:
+        return f"bad:body {body!r}"
+    if record.kind == "post" and body.get("sha256") != hashlib.sha256(request.body).hexdigest():
+        return "bad:digest"
+    return "ok"
