@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# The PostgreSQL rows of `make bench` (and the procrastinate peer, when installed) use this.
+export FORGEZERO_BENCH_POSTGRES_DSN ?= postgresql://postgres@127.0.0.1:5432/test
 
 .PHONY: install test lint format bench bench-quick demo run soak clean
 

@@ -1,0 +1,1 @@
+"""Small ASGI apps the benchmark servers load (``uvicorn --factory bench.apps.<module>:<name>``)."""

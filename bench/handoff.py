@@ -1,0 +1,179 @@
+"""State handoff end to end between two real generations, for 1 KiB, 64 KiB and 1 MiB states.
+
+For each size, one old generation and several new ones run ``bench/apps/state.py`` under uvicorn
+(separate processes on 127.0.0.1). The old one is drained first (export needs closed intake).
+Each sample then asks a fresh new generation (a controller hands over once per process) to
+``begin`` the handoff with the public client, and waits on the app's ``/bench/handoff-wait``
+route, which returns the moment the status is ``acknowledged``: the figure is ``begin`` sent →
+acknowledged, so it covers the export on the old server (dump, canonical JSON, digest), the
+loopback transfer, and the fetch, checks and import on the new one.
+
+Baseline: a plain ``httpx`` GET of the same value bytes from the old server (what the transfer
+alone costs: the client is built beforehand, the bytes prepared at startup), one per sample, the
+order alternating. Target: p50 ≤ 100 ms for 1 MiB.
+
+Run ``python -m bench.handoff [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+
+from bench._report import paired, print_table, row
+from bench.server import Server, start_servers, stop_servers
+from forgezero_lifecycle.client import ControlClient, drain_request, handoff_request
+from forgezero_lifecycle.wire.paths import RUNTIME_STATE_EXPORT_PATH
+
+__all__ = ["run"]
+
+SIZES: Final = {"1 KiB": 1024, "64 KiB": 64 * 1024, "1 MiB": 1024 * 1024}
+TARGET_MS: Final = {"1 MiB": 100.0}
+APP: Final = "bench.apps.state:app"
+PROTOCOL: Final = "bench.shop"
+
+
+class _Generations:
+    """Tokens and revisions shared by the old generation and its successors."""
+
+    def __init__(self) -> None:
+        self.control = secrets.token_urlsafe(24)
+        self.handoff = secrets.token_urlsafe(32)
+        self.old_revision = secrets.token_hex(20)
+        self.new_revision = secrets.token_hex(20)
+
+    def environment(self, revision: str, state_bytes: int) -> dict[str, str]:
+        return {
+            "FORGEZERO_CONTROL_TOKEN": self.control,
+            "FORGEZERO_HANDOFF_TOKEN": self.handoff,
+            "FORGEZERO_REVISION": revision,
+            "FZ_BENCH_STATE_BYTES": str(state_bytes),
+        }
+
+
+async def _blob_ms(client: httpx.AsyncClient, old: Server) -> tuple[float, int]:
+    """The baseline: one plain GET of the value's bytes (the client is made beforehand)."""
+    started = time.perf_counter()
+    response = await client.get(old.url + "/bench/blob")
+    size = len(response.content)
+    elapsed = (time.perf_counter() - started) * 1000
+    response.raise_for_status()
+    return elapsed, size
+
+
+async def _handoff_ms(new: Server, gens: _Generations, source_url: str) -> float:
+    """``begin`` on ``new`` → acknowledged, with both connections opened beforehand."""
+    request = handoff_request(
+        protocol=PROTOCOL,
+        schema_version=1,
+        source_revision=gens.old_revision,
+        target_revision=gens.new_revision,
+        source_url=source_url,
+        handoff_token=gens.handoff,
+    )
+    async with (
+        ControlClient(new.url, token=gens.control) as control,
+        httpx.AsyncClient(base_url=new.url, timeout=30, trust_env=False) as waiter,
+    ):
+        await control.live()
+        (await waiter.get("/.forgezero/runtime/live")).raise_for_status()
+        started = time.perf_counter()
+        await control.begin_handoff(request, timeout_ms=30_000)
+        response = await waiter.get("/bench/handoff-wait", params={"nonce": request.nonce})
+        elapsed = (time.perf_counter() - started) * 1000
+        status = response.json()
+        if status.get("status") != "acknowledged":
+            raise RuntimeError(f"handoff ended {status}")
+        confirmed = await control.handoff_status(request.nonce)
+        if confirmed.status != "acknowledged":
+            raise RuntimeError(f"status endpoint says {confirmed.status}")
+    return elapsed
+
+
+async def _measure_size(
+    old: Server, news: list[Server], gens: _Generations
+) -> tuple[list[float], list[float], int]:
+    async with ControlClient(old.url, token=gens.control, handoff_token=gens.handoff) as control:
+        drain = drain_request(
+            source_revision=gens.old_revision,
+            target_revision=gens.new_revision,
+            timeout_ms=600_000,
+        )
+        await control.begin_drain(drain)
+        await asyncio.wait_for(control.wait_drained(drain.nonce, poll_interval=0.02), 30)
+        await control.export_state(gens.old_revision, gens.new_revision)  # warm the export path
+    source_url = (
+        f"{old.url}{RUNTIME_STATE_EXPORT_PATH}"
+        f"?sourceRevision={gens.old_revision}&targetRevision={gens.new_revision}"
+    )
+    handoffs: list[float] = []
+    blobs: list[float] = []
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+        _, size = await _blob_ms(client, old)  # warm the baseline path
+        for index, new in enumerate(news):
+            if index % 2:
+                handoffs.append(await _handoff_ms(new, gens, source_url))
+                blobs.append((await _blob_ms(client, old))[0])
+            else:
+                blobs.append((await _blob_ms(client, old))[0])
+                handoffs.append(await _handoff_ms(new, gens, source_url))
+    return handoffs, blobs, size
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    """One row per state size: begin → acknowledged, next to a plain GET of the same bytes."""
+    samples = 3 if quick else 7
+    command = ".venv/bin/python -m bench.handoff" + (" --quick" if quick else "")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fz-bench-handoff-") as tmp:
+        for label, size in SIZES.items():
+            gens = _Generations()
+            environment = [gens.environment(gens.old_revision, size)]
+            environment += [gens.environment(gens.new_revision, 0)] * samples
+            servers = start_servers([APP] * (samples + 1), Path(tmp), environment)
+            try:
+                handoffs, blobs, value_bytes = asyncio.run(
+                    _measure_size(servers[0], servers[1:], gens)
+                )
+            finally:
+                stop_servers(servers)
+            target = TARGET_MS.get(label)
+            rows.append(
+                row(
+                    f"handoff {label} state ({value_bytes:,} B value JSON)",
+                    "begin → acknowledged",
+                    "ms",
+                    handoffs,
+                    baseline=statistics.median(blobs),
+                    ratio=round(statistics.median(paired(handoffs, blobs)), 2),
+                    target=f"p50 ≤ {target:g} ms" if target else "(comparison)",
+                    command=command,
+                    ok=statistics.median(handoffs) <= target if target else None,
+                    note=(
+                        f"{samples} handoffs, each to a fresh new-generation uvicorn process, "
+                        "from one drained old generation; baseline: httpx GET of the same value "
+                        "bytes from the old server (client built beforehand), alternating order"
+                    ),
+                )
+            )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="3 handoffs per size instead of 7")
+    print_table(run(parser.parse_args(argv).quick))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""Durable job throughput on SQLite and PostgreSQL, next to plain SQL loops on the same database.
+
+* **burn-down**: ``N`` no-op jobs are enqueued up front; a :class:`JobWorker` at concurrency 1,
+  8 and 32 claims, runs and completes them (fenced) until all are ``done``. Baseline: a plain
+  loop of ``UPDATE ... SET state = 'done' WHERE id = ?``, one transaction per row.
+* **enqueue**: ``store.enqueue`` one job per transaction. Baseline: a plain ``INSERT`` loop, one
+  transaction per row.
+
+Both stores run with their durable defaults (SQLite WAL + ``synchronous=FULL``; PostgreSQL with
+the server's ``synchronous_commit``); the baselines use the same settings. PostgreSQL rows need a
+DSN in ``FORGEZERO_BENCH_POSTGRES_DSN`` (or ``FORGEZERO_TEST_POSTGRES_DSN``, or
+``--postgres-dsn``) and are left out without one. Each repeat uses a fresh database (SQLite
+file, PostgreSQL schema). Run ``python -m bench.jobs [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from bench._report import print_table, row
+from forgezero_lifecycle.jobs import JobWorker, Lease, SQLiteJobStore
+
+__all__ = ["run"]
+
+CONCURRENCY = (1, 8, 32)
+NOTE = (
+    "baseline: a plain {statement} loop, one transaction per row, on the same database with the "
+    "same durability settings; {repeats} repeats, each on a fresh database"
+)
+
+
+def _target(store: str, concurrency: int) -> float | None:
+    """The issue's throughput targets (2-core machine), at concurrency 32 only."""
+    if concurrency != 32:
+        return None
+    return 2_000.0 if store == "sqlite" else 3_000.0
+
+
+# -- stores ----------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def _sqlite_store(workdir: Path) -> AsyncIterator[Any]:
+    store = SQLiteJobStore(workdir / f"jobs-{uuid.uuid4().hex[:8]}.db")
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def _postgres_factory(dsn: str) -> Callable[[Path], Any]:
+    @asynccontextmanager
+    async def factory(workdir: Path) -> AsyncIterator[Any]:
+        import psycopg
+
+        from forgezero_lifecycle.jobs.postgres import PostgresJobStore
+
+        schema = f"fz_bench_{uuid.uuid4().hex[:10]}"
+        store = PostgresJobStore(dsn, schema=schema, min_size=4, max_size=8)
+        await store.open()
+        try:
+            yield store
+        finally:
+            await store.close()
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+    return factory
+
+
+# -- our side --------------------------------------------------------------------------------
+
+
+async def _burn_down(factory: Any, workdir: Path, jobs: int, concurrency: int) -> float:
+    async with factory(workdir) as store:
+        async with store.transaction() as conn:
+            for i in range(jobs):
+                await store.enqueue("noop", {"i": i}, conn=conn)
+        worker = JobWorker(store, concurrency=concurrency, lease=30.0, idle_interval=0.01)
+
+        @worker.handler("noop")
+        async def noop(lease: Lease[Any]) -> None:
+            return None
+
+        started = time.perf_counter()
+        worker.start()
+        while worker.statistics().completed < jobs:  # noqa: ASYNC110 - no completion hook
+            await asyncio.sleep(0.002)
+        elapsed = time.perf_counter() - started
+        await worker.stop(timeout=1.0)
+        stats = await store.stats()
+        if stats.done != jobs:
+            raise RuntimeError(f"burn-down ended with {stats}, expected {jobs} done")
+        return jobs / elapsed
+
+
+async def _enqueue(factory: Any, workdir: Path, jobs: int) -> float:
+    async with factory(workdir) as store:
+        started = time.perf_counter()
+        for i in range(jobs):
+            await store.enqueue("noop", {"i": i})
+        return jobs / (time.perf_counter() - started)
+
+
+# -- baselines: plain statements, one transaction each ---------------------------------------
+
+
+def _sqlite_baseline(workdir: Path, rows: int, kind: str) -> float:
+    path = workdir / f"baseline-{uuid.uuid4().hex[:8]}.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, payload TEXT, state TEXT)")
+        if kind == "update":
+            conn.execute("BEGIN")
+            conn.executemany(
+                "INSERT INTO t (id, payload, state) VALUES (?, '{}', 'queued')",
+                ((i,) for i in range(rows)),
+            )
+            conn.execute("COMMIT")
+        started = time.perf_counter()
+        for i in range(rows):
+            conn.execute("BEGIN IMMEDIATE")
+            if kind == "update":
+                conn.execute("UPDATE t SET state = 'done' WHERE id = ?", (i,))
+            else:
+                conn.execute(
+                    "INSERT INTO t (payload, state) VALUES (?, 'queued')", (f'{{"i":{i}}}',)
+                )
+            conn.execute("COMMIT")
+        return rows / (time.perf_counter() - started)
+    finally:
+        conn.close()
+
+
+async def _postgres_baseline(dsn: str, rows: int, kind: str) -> float:
+    import psycopg
+
+    table = f"fz_bench_baseline_{uuid.uuid4().hex[:10]}"
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            f"CREATE TABLE {table} (id bigint PRIMARY KEY, payload jsonb, state text)"
+        )
+        try:
+            if kind == "update":
+                async with conn.cursor() as cur:
+                    await cur.executemany(
+                        f"INSERT INTO {table} VALUES (%s, '{{}}', 'queued')",
+                        [(i,) for i in range(rows)],
+                    )
+            started = time.perf_counter()
+            for i in range(rows):
+                if kind == "update":
+                    await conn.execute(
+                        f"UPDATE {table} SET state = 'done' WHERE id = %s", (i,), prepare=True
+                    )
+                else:
+                    await conn.execute(
+                        f"INSERT INTO {table} VALUES (%s, %s::jsonb, 'queued')",
+                        (i, f'{{"i":{i}}}'),
+                        prepare=True,
+                    )
+            return rows / (time.perf_counter() - started)
+        finally:
+            await conn.execute(f"DROP TABLE {table}")
+
+
+# -- driver ----------------------------------------------------------------------------------
+
+
+def _row(
+    name: str,
+    rates: list[float],
+    baselines: list[float],
+    target: float | None,
+    command: str,
+    note: str = "",
+) -> dict[str, object]:
+    median = statistics.median(rates)
+    baseline = statistics.median(baselines)
+    return row(
+        name,
+        "throughput",
+        "jobs/s",
+        [round(rate) for rate in rates],
+        baseline=round(baseline),
+        ratio=round(median / baseline, 3),
+        target="—" if target is None else f"≥ {target:,.0f} jobs/s",
+        command=command,
+        ok=None if target is None else median >= target,
+        note=note,
+    )
+
+
+async def _bench_store(
+    name: str, factory: Any, baseline: Callable[[int, str], Any], quick: bool, command: str
+) -> list[dict[str, object]]:
+    jobs, repeats = (1_000, 3) if quick else (5_000, 5)
+    enqueue_jobs = 300 if quick else 2_000
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fz-bench-jobs-") as tmp:
+        workdir = Path(tmp)
+        updates = [await baseline(jobs, "update") for _ in range(repeats)]
+        for concurrency in CONCURRENCY:
+            rates = [await _burn_down(factory, workdir, jobs, concurrency) for _ in range(repeats)]
+            rows.append(
+                _row(
+                    f"jobs.{name} burn-down, concurrency {concurrency}, {jobs:,} jobs",
+                    rates,
+                    updates,
+                    _target(name, concurrency),
+                    command,
+                    NOTE.format(statement="UPDATE", repeats=repeats) if concurrency == 1 else "",
+                )
+            )
+        inserts = [await baseline(enqueue_jobs, "insert") for _ in range(repeats)]
+        rates = [await _enqueue(factory, workdir, enqueue_jobs) for _ in range(repeats)]
+        note = NOTE.format(statement="INSERT", repeats=repeats)
+        rows.append(
+            _row(f"jobs.{name} enqueue, {enqueue_jobs:,} jobs", rates, inserts, None, command, note)
+        )
+    return rows
+
+
+async def _run(quick: bool, dsn: str | None) -> list[dict[str, object]]:
+    command = ".venv/bin/python -m bench.jobs" + (" --quick" if quick else "")
+    with tempfile.TemporaryDirectory(prefix="fz-bench-base-") as tmp:
+        base = Path(tmp)
+
+        async def sqlite_baseline(rows: int, kind: str) -> float:
+            return _sqlite_baseline(base, rows, kind)
+
+        out = await _bench_store("sqlite", _sqlite_store, sqlite_baseline, quick, command)
+    if dsn:
+
+        async def pg_baseline(rows: int, kind: str) -> float:
+            return await _postgres_baseline(dsn, rows, kind)
+
+        out += await _bench_store("postgres", _postgres_factory(dsn), pg_baseline, quick, command)
+    return out
+
+
+def _dsn(explicit: str | None = None) -> str | None:
+    return (
+        explicit
+        or os.environ.get("FORGEZERO_BENCH_POSTGRES_DSN")
+        or os.environ.get("FORGEZERO_TEST_POSTGRES_DSN")
+    )
+
+
+def run(quick: bool) -> list[dict[str, object]]:
+    """Measure and return one row per store and scenario (PostgreSQL only with a DSN)."""
+    return asyncio.run(_run(quick, _dsn()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="1,000 jobs x 3 repeats")
+    parser.add_argument("--postgres-dsn", help="PostgreSQL to benchmark (default: from env)")
+    args = parser.parse_args(argv)
+    dsn = _dsn(args.postgres_dsn)
+    if not dsn:
+        print("PostgreSQL rows skipped: set FORGEZERO_BENCH_POSTGRES_DSN", file=sys.stderr)
+    print_table(asyncio.run(_run(args.quick, dsn)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Resident memory of the example apps, bare vs with the runtime, idle and under requests.
+
+Each example (``examples/starlette_app``, ``examples/fastapi_app``) runs under uvicorn as it
+ships, with the runtime installed, next to ``bench/apps/examples_bare.py``: the same endpoints
+without anything of the library. Both processes are started together; their ``VmRSS``
+(``/proc/<pid>/status``) is read idle (started, no request yet), after 10,000 requests to
+``/hello`` and after 10,000 more, sent by ``bench._load``'s Python generator in a separate
+process (an exact request count, which ``wrk`` cannot do). Fresh processes every round.
+
+Targets: the runtime costs ≤ 5 MiB over bare, idle and after 10,000 requests, and RSS does not
+grow over the second 10,000 (≤ 0.25 MiB, i.e. under 26 bytes per request: any per-request leak of
+even one small object would exceed it).
+
+Run ``python -m bench.memory [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from bench._load import run_load
+from bench._report import paired, print_table, row
+from bench.server import Server, start_servers, stop_servers
+
+__all__ = ["rss_mib", "run"]
+
+EXAMPLES: Final = {
+    "Starlette example": ("bench.apps.examples_bare:starlette()", "examples.starlette_app.app:app"),
+    "FastAPI example": ("bench.apps.examples_bare:fastapi()", "examples.fastapi_app.app:app"),
+}
+REQUESTS: Final = 10_000
+CONNECTIONS: Final = 16
+TARGET_OVER_MIB: Final = 5.0
+TARGET_GROWTH_MIB: Final = 0.25
+_ENVIRONMENT: Final = {"FORGEZERO_CONTROL_TOKEN": "bench-control-token-0123456789"}
+
+
+def rss_mib(pid: int) -> float:
+    """``VmRSS`` of a process, in MiB."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def _load(server: Server) -> None:
+    result = run_load(
+        server.url + "/hello", seconds=60, connections=CONNECTIONS, requests=REQUESTS, tool="python"
+    )
+    if result.requests != REQUESTS or result.errors:
+        raise RuntimeError(f"{server.target}: {result}")
+
+
+def _one_round(bare: str, ours: str, log_dir: Path, flip: bool) -> dict[str, list[float]]:
+    """RSS (MiB) idle, after 10,000 and after 20,000 requests, per side."""
+    servers = start_servers([bare, ours], log_dir, [{}, _ENVIRONMENT])
+    try:
+        time.sleep(1.0)  # let start-up allocations settle
+        sides = dict(zip(("bare", "ours"), servers, strict=True))
+        order = list(sides.values())[:: -1 if flip else 1]
+        readings = {name: [rss_mib(server.pid)] for name, server in sides.items()}
+        for _ in range(2):
+            for server in order:
+                _load(server)
+            time.sleep(0.3)
+            for name, server in sides.items():
+                readings[name].append(rss_mib(server.pid))
+        return readings
+    finally:
+        stop_servers(servers)
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    """Rows per example: RSS over bare (idle, after 10,000 requests) and growth over 10,000 more."""
+    rounds = 1 if quick else 3
+    command = ".venv/bin/python -m bench.memory" + (" --quick" if quick else "")
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="fz-bench-memory-") as tmp:
+        for name, (bare, ours) in EXAMPLES.items():
+            if quick and name.startswith("FastAPI"):
+                continue  # quick mode: one example
+            results = [_one_round(bare, ours, Path(tmp), i % 2 == 1) for i in range(rounds)]
+            rows += _rows(name, results, rounds, command)
+    return rows
+
+
+def _rows(
+    name: str, results: list[dict[str, list[float]]], rounds: int, command: str
+) -> list[dict[str, Any]]:
+    def at(side: str, index: int) -> list[float]:
+        return [result[side][index] for result in results]
+
+    note = (
+        f"uvicorn --http httptools, {rounds} round(s) of fresh processes; {REQUESTS:,} GET /hello "
+        f"per step from a Python load generator process, {CONNECTIONS} connections; bare = "
+        "bench/apps/examples_bare.py (the library is not even imported)"
+    )
+    rows = []
+    for index, label in ((0, "idle"), (1, f"after {REQUESTS:,} requests")):
+        ours, bare = at("ours", index), at("bare", index)
+        rows.append(
+            row(
+                f"memory.{name}",
+                f"RSS over bare, {label}",
+                "MiB",
+                [a - b for a, b in zip(ours, bare, strict=True)],
+                baseline=statistics.median(bare),
+                ratio=round(statistics.median(paired(ours, bare)), 3),
+                target=f"≤ {TARGET_OVER_MIB:g} MiB",
+                command=command,
+                note=note if index == 0 else "",
+            )
+        )
+    growth = [a - b for a, b in zip(at("ours", 2), at("ours", 1), strict=True)]
+    bare_growth = [a - b for a, b in zip(at("bare", 2), at("bare", 1), strict=True)]
+    rows.append(
+        row(
+            f"memory.{name}",
+            f"RSS growth over the 2nd {REQUESTS:,} requests",
+            "MiB",
+            growth,
+            baseline=statistics.median(bare_growth),
+            ratio=None,
+            target=f"≤ {TARGET_GROWTH_MIB:g} MiB",
+            command=command,
+        )
+    )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="one round, Starlette example only")
+    print_table(run(parser.parse_args(argv).quick))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
