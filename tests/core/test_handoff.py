@@ -253,6 +253,18 @@ async def test_export_refuses_a_value_that_could_not_be_imported() -> None:
         await StateHandoffController(adapter).export_state(SRC, TGT)
 
 
+async def test_the_served_document_is_the_canonical_json_of_the_envelope() -> None:
+    """export_document gives exactly canonical_json(envelope), and its digest verifies."""
+    from forgezero_lifecycle._canonical import canonical_json, state_digest
+
+    controller = StateHandoffController(Adapter(value=cart("ünïcode ✓")))
+    envelope = await controller.export_state(SRC, TGT)
+    document = await controller.export_document(SRC, TGT)
+    assert document == canonical_json(envelope.model_dump())
+    unsigned = {k: v for k, v in json.loads(document).items() if k != "digest"}
+    assert state_digest(unsigned) == envelope.digest
+
+
 # -- the fetch: redirects, bombs, deadlines ------------------------------------------------------
 
 

@@ -192,10 +192,12 @@ class ControlApp:
                 detail="begin a drain first: export needs closed intake",
             )
         query = request.query_params
-        envelope = await handoff.export_state(
+        document = await handoff.export_document(
             query.get("sourceRevision"), query.get("targetRevision")
         )
-        return _json(envelope.model_dump(mode="json"), 200)
+        # Canonical JSON, the bytes the digest covers: byte-stable, and able to carry what JSON
+        # allows (lone surrogates in keys included), which pydantic's JSON mode cannot.
+        return _json_bytes(document, 200)
 
     async def _state_begin(self, request: Request) -> Response:
         body = await _json_body(request)

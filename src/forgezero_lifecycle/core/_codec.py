@@ -13,8 +13,11 @@ The order of the checks is the seed's, so the first failing check names the erro
 
 from __future__ import annotations
 
+import functools
+import gc
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, final
+from typing import Any, Generic, ParamSpec, TypeVar, final
 
 from pydantic import BaseModel
 
@@ -35,6 +38,32 @@ from ._state_value import accepts, adapter_int, dumped, load, refuse_secret_fiel
 __all__ = ["StateCodec"]
 
 T = TypeVar("T", bound=BaseModel)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def gc_paused(step: Callable[P, R]) -> Callable[P, R]:
+    """Run a synchronous, allocation-heavy step with the cyclic collector paused.
+
+    Sealing or opening a 1 MiB state allocates hundreds of thousands of containers at once, and
+    the collector would rescan them again and again (measured: twice the time of the step). The
+    step never awaits, so no other coroutine runs while collection is paused; it is re-enabled
+    (if it was enabled) as soon as the step returns or raises.
+    """
+
+    @functools.wraps(step)
+    def paused(*args: P.args, **kwargs: P.kwargs) -> R:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return step(*args, **kwargs)
+        finally:
+            if enabled:
+                gc.enable()
+
+    return paused
 
 
 @final
@@ -66,8 +95,11 @@ class StateCodec(Generic[T]):
         refuse_secret_fields(model)
         return StateCodec(protocol, schema_version, maximum_bytes, model)
 
-    def seal(self, cursor: object, value: object, source: str, target: str) -> StateEnvelope:
-        """The envelope of an exported ``(cursor, value)``, digest included."""
+    @gc_paused
+    def seal(
+        self, cursor: object, value: object, source: str, target: str
+    ) -> tuple[StateEnvelope, bytes]:
+        """The envelope of an exported ``(cursor, value)``, and its canonical JSON document."""
         if not isinstance(cursor, str) or CURSOR_PATTERN.fullmatch(cursor) is None:
             raise _export_invalid("the cursor must match " + CURSOR_PATTERN.pattern)
         if not isinstance(value, self.model):
@@ -84,8 +116,14 @@ class StateCodec(Generic[T]):
                 "RUNTIME_STATE_EXPORT_TOO_LARGE",
                 f"{len(encoded)} bytes of canonical JSON, the limit is {self.maximum_bytes}",
             )
-        return StateEnvelope.model_validate({**unsigned, "digest": digest_of(encoded)})
+        signed = {**unsigned, "digest": digest_of(encoded)}
+        # The served document is canonical JSON too; "value" sorts last there as well, so the
+        # value's bytes are reused instead of encoding a megabyte again.
+        head = {key: item for key, item in signed.items() if key != "value"}
+        document = canonical_json(head)[:-1] + b',"value":' + _value_bytes(unsigned, encoded) + b"}"
+        return StateEnvelope.model_validate(signed), document
 
+    @gc_paused
     def open(
         self, request: StateHandoffRequest, envelope: dict[str, Any]
     ) -> tuple[T, StateImportContext]:

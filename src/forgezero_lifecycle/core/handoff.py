@@ -101,7 +101,10 @@ class StateHandoffController(Generic[T]):
     ) -> None:
         self._codec: StateCodec[T] = cast("StateCodec[T]", StateCodec.of(adapter))
         self._adapter = adapter
-        self._transport = transport
+        # One transport for the controller's lifetime, built now: the fetch is plain http to
+        # loopback, so no CA bundle is loaded, and the import cost is paid at start-up, not in
+        # the middle of a handoff.
+        self._transport = transport or httpx.AsyncHTTPTransport(verify=False)
         self._clock: Clock = SystemClock() if clock is None else clock
         self._request: StateHandoffRequest | None = None
         self._status: StateHandoffStatus | None = None
@@ -111,7 +114,18 @@ class StateHandoffController(Generic[T]):
     # -- the old generation: export -----------------------------------------------------------
 
     async def export_state(self, source_revision: object, target_revision: object) -> StateEnvelope:
-        """The signed envelope of the adapter's current state (served by the export endpoint)."""
+        """The signed envelope of the adapter's current state."""
+        envelope, _ = await self._export(source_revision, target_revision)
+        return envelope
+
+    async def export_document(self, source_revision: object, target_revision: object) -> bytes:
+        """The same envelope as canonical JSON bytes, as the export endpoint serves it."""
+        _, document = await self._export(source_revision, target_revision)
+        return document
+
+    async def _export(
+        self, source_revision: object, target_revision: object
+    ) -> tuple[StateEnvelope, bytes]:
         if not isinstance(source_revision, str) or not is_revision(source_revision):
             raise StateInputInvalid("RUNTIME_STATE_REVISION_INVALID")
         if not isinstance(target_revision, str) or not is_revision(target_revision):
