@@ -20,7 +20,7 @@ def test_all_is_sorted_and_unique() -> None:
 
 
 def test_every_exported_name_resolves() -> None:
-    """Each name in __all__ is importable from the root (PostgresJobStore lazily)."""
+    """Each name in __all__ is importable from the root (the client and PostgreSQL lazily)."""
     for name in forgezero_lifecycle.__all__:
         assert getattr(forgezero_lifecycle, name) is not None, name
 
@@ -32,8 +32,11 @@ def test_public_names_are_exactly_all() -> None:
         for name, value in vars(forgezero_lifecycle).items()
         if not name.startswith("_") and not isinstance(value, type(forgezero_lifecycle))
     }
-    public -= {"annotations", "TYPE_CHECKING", "Any"}
-    assert public == set(forgezero_lifecycle.__all__) - {"PostgresJobStore"}
+    public -= {"annotations", "TYPE_CHECKING", "Any", "importlib"}
+    lazy = set(forgezero_lifecycle._LAZY)
+    assert public - lazy == set(forgezero_lifecycle.__all__) - lazy
+    assert lazy <= set(forgezero_lifecycle.__all__)
+    assert lazy <= set(dir(forgezero_lifecycle))
 
 
 def test_exported_objects_claim_a_library_module() -> None:
@@ -42,3 +45,18 @@ def test_exported_objects_claim_a_library_module() -> None:
         value = getattr(forgezero_lifecycle, name)
         if inspect.isclass(value) or inspect.isfunction(value):
             assert value.__module__.startswith("forgezero_lifecycle"), name
+
+
+def test_importing_the_runtime_does_not_import_httpx() -> None:
+    """A served generation without a state adapter never pays for httpx (about 5 MiB)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, forgezero_lifecycle as f; f.Runtime(control_token='t' * 32); "
+        "print('httpx' in sys.modules)"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "False"

@@ -9,11 +9,14 @@ Layers point down only (checked by import-linter in CI)::
     client    httpx client of the control protocol (orchestrator side)
     runtime   the composition root; serve and cli sit on top of it
 
-``PostgresJobStore`` is imported on first use, so the package works without psycopg.
+Imported on first use: ``PostgresJobStore`` (so the package works without psycopg) and the
+orchestrator client (``ControlClient`` and friends: httpx costs about 5 MiB resident, which a
+served generation that hands no state over never needs).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._canonical import canonical_json as canonical_json
@@ -60,11 +63,6 @@ from ._errors import TaskCancelledError as TaskCancelledError
 from ._errors import Unauthorized as Unauthorized
 from .asgi.control import ControlApp as ControlApp
 from .asgi.middleware import InFlightMiddleware as InFlightMiddleware
-from .client import ControlClient as ControlClient
-from .client import SyncControlClient as SyncControlClient
-from .client import drain_request as drain_request
-from .client import handoff_request as handoff_request
-from .client import new_nonce as new_nonce
 from .core.drain import DrainController as DrainController
 from .core.drain import DrainDependencies as DrainDependencies
 from .core.gate import IntakeGate as IntakeGate
@@ -109,6 +107,11 @@ from .wire.paths import RUNTIME_STATE_EXPORT_PATH as RUNTIME_STATE_EXPORT_PATH
 from .wire.paths import RUNTIME_STATE_STATUS_PATH as RUNTIME_STATE_STATUS_PATH
 
 if TYPE_CHECKING:
+    from .client import ControlClient as ControlClient
+    from .client import SyncControlClient as SyncControlClient
+    from .client import drain_request as drain_request
+    from .client import handoff_request as handoff_request
+    from .client import new_nonce as new_nonce
     from .jobs.postgres import PostgresJobStore as PostgresJobStore
 
 __all__ = [
@@ -207,9 +210,24 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "PostgresJobStore":
-        from .jobs import PostgresJobStore
+_LAZY = {
+    "ControlClient": ".client",
+    "SyncControlClient": ".client",
+    "drain_request": ".client",
+    "handoff_request": ".client",
+    "new_nonce": ".client",
+    "PostgresJobStore": ".jobs.postgres",
+}
 
-        return PostgresJobStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -39,6 +39,11 @@ _LENGTH: Final = re.compile(r"[0-9]+")
 _BOM: Final = b"\xef\xbb\xbf"
 
 
+def loopback_transport() -> httpx.AsyncHTTPTransport:
+    """The transport of a handoff fetch: plain http to loopback, so no CA bundle is loaded."""
+    return httpx.AsyncHTTPTransport(verify=False)
+
+
 async def fetch_document(
     url: str, authorization: str, *, transport: httpx.AsyncBaseTransport | None, limit: int
 ) -> dict[str, Any]:

@@ -16,9 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
-from typing import Generic, Protocol, TypeVar, cast, final
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast, final
 
-import httpx
 from pydantic import BaseModel, ValidationError
 
 from .._clock import Clock, SystemClock
@@ -39,9 +38,11 @@ from ..wire.handoff import (
     StateImportContext,
 )
 from ._codec import StateCodec
-from ._fetch import fetch_document
 from ._loopback import loopback_source
 from ._state_value import failure_text
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["StateAdapter", "StateHandoffController"]
 
@@ -104,7 +105,12 @@ class StateHandoffController(Generic[T]):
         # One transport for the controller's lifetime, built now: the fetch is plain http to
         # loopback, so no CA bundle is loaded, and the import cost is paid at start-up, not in
         # the middle of a handoff.
-        self._transport = transport or httpx.AsyncHTTPTransport(verify=False)
+        # httpx (about 5 MiB resident) is imported here, by a runtime that hands state over,
+        # not by every runtime that imports this module.
+        from . import _fetch
+
+        self._fetch = _fetch.fetch_document
+        self._transport = transport or _fetch.loopback_transport()
         self._clock: Clock = SystemClock() if clock is None else clock
         self._request: StateHandoffRequest | None = None
         self._status: StateHandoffStatus | None = None
@@ -187,7 +193,7 @@ class StateHandoffController(Generic[T]):
         try:
             limit = self._codec.maximum_bytes + SOURCE_SLACK_BYTES
             auth = request.source.authorization
-            fetch = fetch_document(url, auth, transport=self._transport, limit=limit)
+            fetch = self._fetch(url, auth, transport=self._transport, limit=limit)
             document = await self._within(fetch, seconds)
             value, context = self._codec.open(request, document)
             try:
