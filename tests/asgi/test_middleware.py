@@ -16,8 +16,8 @@ pytestmark = pytest.mark.anyio
 Message = dict[str, Any]
 
 
-def http_scope(path: str = "/work", root_path: str = "") -> Message:
-    return {"type": "http", "path": path, "root_path": root_path, "method": "GET", "headers": []}
+def http_scope(path: str = "/work", root_path: str = "", method: str = "GET") -> Message:
+    return {"type": "http", "path": path, "root_path": root_path, "method": method, "headers": []}
 
 
 def ws_scope(extensions: Message | None = None) -> Message:
@@ -144,7 +144,7 @@ async def test_stream_waiting_for_disconnect_is_ended_cleanly_at_the_notice() ->
 
 
 async def test_request_body_is_read_normally_during_a_drain() -> None:
-    """The notice never cuts a request body that is still arriving."""
+    """The notice never cuts a request body that is still arriving (an upload: POST)."""
     gate = IntakeGate()
     bodies: list[bytes] = []
 
@@ -157,7 +157,9 @@ async def test_request_body_is_read_normally_during_a_drain() -> None:
 
     recorder = ASGIRecorder({"type": "http.request", "body": b"a", "more_body": True})
     middleware = InFlightMiddleware(app, gate=gate)
-    call = asyncio.ensure_future(middleware(http_scope(), recorder.receive, recorder.send))
+    call = asyncio.ensure_future(
+        middleware(http_scope(method="POST"), recorder.receive, recorder.send)
+    )
     await settle()
     gate.close()
     gate.end_streams()

@@ -22,7 +22,7 @@ No per-request state lives on ``self``; everything per request is a local or a c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Final, final
 
 from ..core.gate import IntakeGate
@@ -95,7 +95,7 @@ class InFlightMiddleware:
             )
             await send({"type": "http.response.body", "body": _REFUSAL_BODY})
             return
-        responder = _HttpResponder(gate, receive, send)
+        responder = _HttpResponder(gate, receive, send, scope["method"])
         try:
             await self.app(scope, responder.receive, responder.send)
             if responder.flags & _CUT_SHORT == _CUT_SHORT_UNFINISHED and not _declares_length(
@@ -161,6 +161,9 @@ _BODY_DONE: Final = 1
 _STARTED: Final = 2
 _FINISHED: Final = 4
 _DISCONNECTED: Final = 8
+#: A method whose requests carry no body: the first receive() needs no inspection.
+_BODILESS: Final = 16
+_BODILESS_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Disconnected by the notice after the response started but before its last chunk.
 _CUT_SHORT: Final = _STARTED | _FINISHED | _DISCONNECTED
 _CUT_SHORT_UNFINISHED: Final = _STARTED | _DISCONNECTED
@@ -172,20 +175,35 @@ class _HttpResponder:
 
     __slots__ = ("_gate", "_receive", "_send", "flags", "head")
 
-    def __init__(self, gate: IntakeGate, receive: Receive, send: Send) -> None:
+    def __init__(self, gate: IntakeGate, receive: Receive, send: Send, method: str) -> None:
         self._gate = gate
         self._receive = receive
         self._send = send
-        self.flags = 0
+        self.flags = _BODILESS if method in _BODILESS_METHODS else 0
         #: The response start's headers, looked at only when the drain cuts the response short.
         self.head: Iterable[tuple[bytes, bytes]] = ()
 
-    async def receive(self) -> Message:
-        if not self.flags & _BODY_DONE:
-            message = await self._receive()
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                self.flags |= _BODY_DONE
-            return message
+    # receive and send are plain functions that hand back an awaitable: on the common path it is
+    # the server's own, so the wrapper adds no coroutine frame per message.
+
+    def receive(self) -> Awaitable[Message]:
+        flags = self.flags
+        if flags & _BODY_DONE:
+            return self._after_body()
+        if flags & _BODILESS:
+            # GET, HEAD, OPTIONS: the first message is the whole (empty) body. A body sent
+            # anyway is still read, but the stream notice may end it (documented).
+            self.flags = flags | _BODY_DONE
+            return self._receive()
+        return self._body()
+
+    async def _body(self) -> Message:
+        message = await self._receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.flags |= _BODY_DONE
+        return message
+
+    async def _after_body(self) -> Message:
         # After the body only a disconnect can arrive: wait for it or for the stream notice.
         incoming = await _receive_or_notice(self._receive, self._gate.notice)
         if incoming is None:
@@ -193,7 +211,7 @@ class _HttpResponder:
             return dict(_DISCONNECT)
         return incoming
 
-    async def send(self, message: Message) -> None:
+    def send(self, message: Message) -> Awaitable[None]:
         if message["type"] == "http.response.start":
             self.flags |= _STARTED
             self.head = message.get("headers", ())
@@ -201,7 +219,7 @@ class _HttpResponder:
                 message = _with_connection_close(message)
         elif not message.get("more_body", False):
             self.flags |= _FINISHED
-        await self._send(message)
+        return self._send(message)
 
 
 async def _receive_or_notice(receive: Receive, notice: asyncio.Event) -> Message | None:
