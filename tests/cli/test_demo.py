@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 
 import pytest
+
+from tests.jobs.conftest import postgres_dsn
 
 from .conftest import PROJECT_ROOT
 
@@ -41,9 +42,7 @@ def test_short_demo_loses_nothing() -> None:
 @pytest.mark.postgres
 def test_short_demo_on_postgresql_loses_nothing() -> None:
     """`--postgres DSN`: the same handover with the job store in PostgreSQL."""
-    dsn = os.environ.get("FORGEZERO_TEST_POSTGRES_DSN")
-    if not dsn:
-        pytest.skip("set FORGEZERO_TEST_POSTGRES_DSN to run the demo on PostgreSQL")
+    dsn = postgres_dsn()  # required in CI, a visible skip elsewhere
     result = subprocess.run(
         [sys.executable, "-m", "forgezero_lifecycle", "demo", "--short", "--postgres", dsn],
         cwd=PROJECT_ROOT,
