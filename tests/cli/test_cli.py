@@ -37,7 +37,7 @@ def test_drain_waits_until_drained_and_prints_json(
     assert status["sourceRevision"] == REVISION_A
     assert "draining" in result.err  # progress, one line per change (not a TTY)
     served.join()
-    assert slow[0].status_code == 200  # type: ignore[union-attr]
+    assert slow[0].status_code == 200
     followed = run(capsys, "status", "--url", served.url, "--nonce=" + status["nonce"], "--json")
     assert followed.code == 0
     assert json.loads(followed.out)["status"] == "drained"

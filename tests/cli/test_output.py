@@ -55,7 +55,7 @@ def test_a_pipe_gets_a_line_per_change() -> None:
     progress.drain(status)
     progress.drain(
         DrainStatus.model_validate({**STATUS, "inFlight": {**STATUS["inFlight"], "http": 1}})
-    )  # type: ignore[dict-item]
+    )
     progress.close()
     assert pipe.getvalue().count("\n") == 2
     assert "\r" not in pipe.getvalue()

@@ -175,7 +175,10 @@ def test_adapter_with_a_secret_field_is_refused(model: type[BaseModel]) -> None:
 
 def test_adapter_limits_are_checked_at_construction() -> None:
     """maximum_bytes above 1 MiB and a model that is not pydantic are refused."""
-    for adapter in (Adapter(maximum_bytes=1_048_577), Adapter(model=dict)):  # type: ignore[arg-type]
+    for adapter in (
+        Adapter(maximum_bytes=1_048_577),
+        Adapter(model=dict),
+    ):  # deliberately the wrong type: the test is about refusing it
         with pytest.raises(StateInputInvalid, match="RUNTIME_STATE_ADAPTER_INVALID"):
             StateHandoffController(adapter)
 
@@ -465,7 +468,9 @@ def test_an_adapter_with_an_impossible_size_limit_is_refused_with_its_code(
             return None
 
     adapter = Adapter()
-    adapter.maximum_bytes = maximum_bytes  # type: ignore[attr-defined]
+    adapter.maximum_bytes = maximum_bytes
     with pytest.raises(StateInputInvalid) as caught:
-        StateHandoffController(adapter)  # type: ignore[arg-type]
+        StateHandoffController(
+            adapter
+        )  # deliberately the wrong type: the test is about refusing it
     assert caught.value.code == "RUNTIME_STATE_ADAPTER_INVALID"

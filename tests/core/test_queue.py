@@ -585,7 +585,7 @@ async def test_snapshot_is_a_frozen_copy_with_the_seed_fields() -> None:
     assert snap.to_dict()["paused_keys"] == ["p"]
     assert queue.width == 3
     with pytest.raises(AttributeError):
-        snap.running = 5  # type: ignore[misc]
+        snap.running = 5  # deliberately writing to a frozen snapshot
     queue.resume()
     assert await task == 1
 
@@ -594,7 +594,7 @@ async def test_snapshot_is_a_frozen_copy_with_the_seed_fields() -> None:
 def test_width_must_be_a_positive_int(width: object) -> None:
     """A queue that could never run anything is refused at construction."""
     with pytest.raises(ConfigurationError):
-        KeyedQueue(width=width)  # type: ignore[arg-type]
+        KeyedQueue(width=width)  # deliberately the wrong type: the test is about refusing it
 
 
 @pytest.mark.anyio

@@ -300,7 +300,9 @@ def test_a_bad_schedule_is_refused_with_schedule_invalid(
 ) -> None:
     """Names must be non-empty and exactly one valid schedule must be given."""
     with pytest.raises(ScheduleInvalid) as refused:
-        Scheduler().add(name, Counter(), **schedule)  # type: ignore[arg-type]
+        Scheduler().add(
+            name, Counter(), **schedule
+        )  # deliberately the wrong type: the test is about refusing it
     assert refused.value.code == "SCHEDULE_INVALID"
 
 
@@ -311,7 +313,9 @@ def test_a_duplicate_name_or_a_non_callable_is_refused() -> None:
     with pytest.raises(ScheduleInvalid, match="already scheduled"):
         scheduler.add("j", Counter(), every=1)
     with pytest.raises(ScheduleInvalid, match="async callable"):
-        scheduler.add("k", "not callable", every=1)  # type: ignore[arg-type]
+        scheduler.add(
+            "k", "not callable", every=1
+        )  # deliberately the wrong type: the test is about refusing it
 
 
 @pytest.mark.anyio

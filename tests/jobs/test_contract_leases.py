@@ -70,7 +70,7 @@ async def test_handler_error_rolls_back_its_writes_and_keeps_the_lease(kit: Stor
     assert not lease.settled
     async with lease.commit():
         pass
-    assert (await kit.store.get(job.id)).state == "done"  # type: ignore[union-attr]
+    assert (await kit.store.get(job.id)).state == "done"
 
 
 async def test_stale_complete_is_rejected_and_writes_nothing(kit: StoreKit) -> None:
@@ -174,7 +174,7 @@ async def test_expiry_counts_the_attempt(kit: StoreKit) -> None:
     stored = await kit.store.get(expired.id)
     assert stored is not None
     assert (stored.state, stored.attempts, stored.last_error) == ("queued", 1, "lease expired")
-    assert (await kit.store.get(long.job.id)).state == "leased"  # type: ignore[union-attr]
+    assert (await kit.store.get(long.job.id)).state == "leased"
     assert short.job.id == expired.id
 
 
@@ -190,7 +190,7 @@ async def test_fail_retries_with_backoff_then_dead(kit: StoreKit) -> None:
     dead = await kit.store.fail(second, "again", retry_in=0)
     assert (dead.state, dead.attempts) == ("dead", 2)
     assert await kit.store.claim("w", 1, 30.0) == []
-    assert (await kit.store.get(job.id)).state == "dead"  # type: ignore[union-attr]
+    assert (await kit.store.get(job.id)).state == "dead"
 
 
 async def test_expiry_at_max_attempts_is_dead(kit: StoreKit) -> None:
@@ -199,7 +199,7 @@ async def test_expiry_at_max_attempts_is_dead(kit: StoreKit) -> None:
     await kit.store.claim("w", 1, 0.2)
     await anyio.sleep(0.4)
     assert await kit.store.reclaim_expired() == 1
-    assert (await kit.store.get(job.id)).state == "dead"  # type: ignore[union-attr]
+    assert (await kit.store.get(job.id)).state == "dead"
 
 
 async def test_release_owner_releases_only_that_owner(kit: StoreKit) -> None:
@@ -213,7 +213,7 @@ async def test_release_owner_releases_only_that_owner(kit: StoreKit) -> None:
         stored = await kit.store.get(lease.job.id)
         assert stored is not None
         assert (stored.state, stored.attempts) == ("queued", 0)
-    assert (await kit.store.get(theirs.job.id)).state == "leased"  # type: ignore[union-attr]
+    assert (await kit.store.get(theirs.job.id)).state == "leased"
     assert await kit.store.release_owner("old") == 0
 
 
