@@ -22,11 +22,8 @@ from .store import (
     JobStats,
     Lease,
     Listeners,
-    check_enqueue,
     error_text,
-    new_key,
-    payload_hash,
-    payload_json,
+    prepare_enqueue,
 )
 
 __all__ = ["MemoryJobStore", "MemoryTransaction"]
@@ -120,10 +117,8 @@ class MemoryJobStore:
         max_attempts: int = 5,
         conn: MemoryTransaction | None = None,
     ) -> Job:
-        check_enqueue(queue, delay, max_attempts)
-        text = payload_json(payload)
-        digest = payload_hash(queue, text)
-        key = new_key() if idempotency_key is None else idempotency_key
+        prepared = prepare_enqueue(queue, payload, idempotency_key, delay, max_attempts)
+        text, digest, key = prepared.payload_text, prepared.payload_digest, prepared.idempotency_key
         existing = self._existing(key, digest)
         if existing is not None:
             return existing

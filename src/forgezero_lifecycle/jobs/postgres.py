@@ -40,11 +40,8 @@ from .store import (
     JobStats,
     Lease,
     Listeners,
-    check_enqueue,
     error_text,
-    new_key,
-    payload_hash,
-    payload_json,
+    prepare_enqueue,
     result_json,
 )
 
@@ -180,11 +177,9 @@ class PostgresJobStore:
         max_attempts: int = 5,
         conn: PgConnection | None = None,
     ) -> Job:
-        check_enqueue(queue, delay, max_attempts)
-        text = payload_json(payload)
-        digest = payload_hash(queue, text)
-        key = new_key() if idempotency_key is None else idempotency_key
-        args = (queue, text, digest, key, max_attempts, delay)
+        prepared = prepare_enqueue(queue, payload, idempotency_key, delay, max_attempts)
+        key = prepared.idempotency_key
+        args = (queue, prepared.payload_text, prepared.payload_digest, key, max_attempts, delay)
         if conn is None:
             async with self._pool.connection() as own:
                 job = await self._insert(own, args)

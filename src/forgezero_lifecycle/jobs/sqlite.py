@@ -40,11 +40,8 @@ from .store import (
     JobStats,
     Lease,
     Listeners,
-    check_enqueue,
     error_text,
-    new_key,
-    payload_hash,
-    payload_json,
+    prepare_enqueue,
     result_json,
 )
 
@@ -115,11 +112,11 @@ class SQLiteJobStore:
         max_attempts: int = 5,
         conn: SQLiteTransaction | None = None,
     ) -> Job:
-        check_enqueue(queue, delay, max_attempts)
-        text = payload_json(payload)
-        key = new_key() if idempotency_key is None else idempotency_key
+        prepared = prepare_enqueue(queue, payload, idempotency_key, delay, max_attempts)
+        key = prepared.idempotency_key
         now = self._now()
-        row = (queue, text, payload_hash(queue, text), key, max_attempts, now + delay, now, now)
+        text, digest = prepared.payload_text, prepared.payload_digest
+        row = (queue, text, digest, key, max_attempts, now + delay, now, now)
         insert = functools.partial(_insert, row=row)
         if conn is None:
             job = await self._db.write(insert)

@@ -269,6 +269,33 @@ def new_key() -> str:
     return f"auto:{uuid.uuid4().hex}"
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    """An enqueue's arguments checked and encoded, ready for any store to write."""
+
+    payload_text: str
+    payload_digest: str
+    idempotency_key: str
+
+
+def prepare_enqueue(
+    queue: str,
+    payload: Mapping[str, Any],
+    idempotency_key: str | None,
+    delay: float,
+    max_attempts: int,
+) -> Enqueue:
+    """What every store does first: refuse bad arguments (JobInvalid), encode and hash."""
+    check_enqueue(queue, delay, max_attempts)
+    text = payload_json(payload)
+    return Enqueue(
+        payload_text=text,
+        payload_digest=payload_hash(queue, text),
+        idempotency_key=new_key() if idempotency_key is None else idempotency_key,
+    )
+
+
 def check_enqueue(queue: str, delay: float, max_attempts: int) -> None:
     """Reject malformed enqueue arguments before touching the store."""
     if not isinstance(queue, str) or not queue:
