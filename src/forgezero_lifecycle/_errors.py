@@ -305,21 +305,29 @@ class JobStoreError(JobError, RuntimeError):
     codes = ("JOB_STORE_UNAVAILABLE", "JOB_STORE_SCHEMA")
 
 
-_BY_CODE: dict[str, type[LifecycleError]] = {}
-for _cls in LifecycleError.__subclasses__():
-    _stack: list[type[LifecycleError]] = [_cls]
-    while _stack:
-        _c = _stack.pop()
-        _stack.extend(_c.__subclasses__())
-        if "codes" in _c.__dict__ and _c.__init__ is LifecycleError.__init__:
-            _BY_CODE.update(dict.fromkeys(_c.codes, _c))
+def _index() -> tuple[dict[str, type[LifecycleError]], list[tuple[str, type[LifecycleError]]]]:
+    """Every code (and code prefix) to the class that carries it, for :func:`error_for_code`."""
+    by_code: dict[str, type[LifecycleError]] = {}
+    by_prefix: list[tuple[str, type[LifecycleError]]] = []
+    pending = list(LifecycleError.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls is RemoteError or cls.__init__ is not LifecycleError.__init__:
+            continue  # the catch-all, and classes built from other arguments than a code
+        if "codes" in cls.__dict__:
+            by_code.update(dict.fromkeys(cls.codes, cls))
+        if "code_prefixes" in cls.__dict__:
+            by_prefix.extend((prefix, cls) for prefix in cls.code_prefixes)
+    return by_code, by_prefix
+
+
+_BY_CODE, _BY_PREFIX = _index()
 
 
 def error_for_code(code: str, detail: str | None = None) -> LifecycleError:
     """Rebuild the typed error for a wire ``code`` (used by the client on error bodies)."""
     cls = _BY_CODE.get(code)
-    if cls is None and code.startswith("RUNTIME_STATE_SOURCE_HTTP_"):
-        cls = StateTransferFailed
     if cls is None:
-        cls = RemoteError
+        cls = next((c for prefix, c in _BY_PREFIX if code.startswith(prefix)), RemoteError)
     return cls(code, detail)
