@@ -1,0 +1,41 @@
+"""Run an ASGI app under uvicorn with SIGTERM turned into a self-drain under one deadline.
+
+::
+
+    forgezero-lifecycle serve myapp:app --port 8000 --drain-timeout 30s
+
+The runtime is the one the app carries (``runtime.install(app)`` sets
+``app.state.forgezero_runtime``); an app without one is wrapped in a runtime built from the
+options. On the first SIGTERM or SIGINT the server keeps running while the runtime drains:
+readiness turns 503, after ``not_ready_grace`` new work is refused, admitted work runs to its
+end, and then uvicorn shuts down. The exit code is 0 when the drain reached ``drained`` and 1
+otherwise. A second signal stops at once (exit 1). If an orchestrator (a preStop hook, say) began
+a drain through the control plane already, the signal waits for that drain instead of beginning
+another.
+
+uvicorn's ``timeout_graceful_shutdown`` is set above the drain deadline, so uvicorn never cuts
+work the drain still waits for.
+
+Modules: ``options`` (flags and values), ``command`` (import the app, find its runtime),
+``server`` (uvicorn under the runtime's control).
+"""
+
+from .command import run as run
+from .options import ServeOptions as ServeOptions
+from .options import add_arguments as add_arguments
+from .options import options_from_args as options_from_args
+from .options import parse_duration as parse_duration
+from .options import parse_revision as parse_revision
+from .server import find_runtime as find_runtime
+from .server import serve_app as serve_app
+
+__all__ = [
+    "ServeOptions",
+    "add_arguments",
+    "find_runtime",
+    "options_from_args",
+    "parse_duration",
+    "parse_revision",
+    "run",
+    "serve_app",
+]

@@ -1,0 +1,135 @@
+"""The ``serve`` command's options: flags, durations, revisions and tokens."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, final
+
+from ..wire._types import is_revision
+
+__all__ = ["ServeOptions", "add_arguments", "options_from_args", "parse_duration", "parse_revision"]
+
+_DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m)?")
+_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """How to serve; the runtime fields apply only to a runtime ``serve`` builds itself."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    drain_timeout: float = 30.0
+    revision: str | None = None
+    not_ready_grace: float = 0.0
+    stream_grace: float = 5.0
+    control_token: str | None = None
+    handoff_token: str | None = None
+    insecure_loopback_control: bool = False
+    http: str = "auto"
+    ws: str = "auto"
+    root_path: str = ""
+    log_level: str = "info"
+    access_log: bool = True
+    app_dir: str = "."
+
+
+def parse_duration(text: str) -> float:
+    """``30s``, ``500ms``, ``2m`` or plain seconds, as seconds (an argparse ``type``)."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 30s, 500ms or 2m)")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_revision(text: str) -> str:
+    """A 40-hex revision (an argparse ``type``)."""
+    if not is_revision(text):
+        raise argparse.ArgumentTypeError(f"not a revision (40 lowercase hex digits): {text!r}")
+    return text
+
+
+EXIT_CODES_HELP: Final = """\
+exit codes:
+  0  the self-drain after SIGTERM/SIGINT reached drained
+  1  it failed or was rolled back, a second signal forced the stop, or the server did not start
+  2  usage: bad flags or values, the app cannot be imported
+
+environment:
+  FORGEZERO_CONTROL_TOKEN, FORGEZERO_HANDOFF_TOKEN   tokens of a runtime serve builds itself
+  FORGEZERO_REVISION, FORGEZERO_NOT_READY_GRACE      set from the flags, for the app to read
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``serve`` command's flags (tokens come from the environment or files)."""
+    parser.epilog = EXIT_CODES_HELP
+    add = parser.add_argument
+    add("app", metavar="APP", help="module:attribute of the ASGI app")
+    add("--host", default="127.0.0.1", help="default: 127.0.0.1")
+    add("--port", type=int, default=8000, help="default: 8000")
+    add("--revision", type=parse_revision, metavar="REV", help="exported as FORGEZERO_REVISION")
+    add(
+        "--drain-timeout",
+        type=parse_duration,
+        default=30.0,
+        metavar="DURATION",
+        help="the self-drain's deadline (default 30s); uvicorn's graceful timeout is above it",
+    )
+    add(
+        "--not-ready-grace",
+        type=parse_duration,
+        default=0.0,
+        metavar="DURATION",
+        help="keep admitting this long after readiness turns 503 (default 0s)",
+    )
+    add(
+        "--stream-grace",
+        type=parse_duration,
+        default=5.0,
+        metavar="DURATION",
+        help="then WebSockets get 1012 and streams end (default 5s)",
+    )
+    add("--handoff-token-file", type=Path, metavar="PATH")
+    add(
+        "--insecure-loopback-control",
+        action="store_true",
+        help="no control token: admit loopback control clients only (development)",
+    )
+    add("--http", default="auto", choices=("auto", "h11", "httptools"))
+    add("--ws", default="auto")
+    add("--root-path", default="")
+    add("--log-level", default="info")
+    add("--no-access-log", action="store_true")
+    add("--app-dir", default=".", help="added to sys.path (default: .)")
+
+
+def options_from_args(args: argparse.Namespace) -> ServeOptions:
+    """Map parsed flags, ``FORGEZERO_CONTROL_TOKEN`` and ``FORGEZERO_HANDOFF_TOKEN`` to options."""
+    return ServeOptions(
+        host=args.host,
+        port=args.port,
+        drain_timeout=args.drain_timeout,
+        revision=args.revision,
+        not_ready_grace=args.not_ready_grace,
+        stream_grace=args.stream_grace,
+        control_token=_token("FORGEZERO_CONTROL_TOKEN", args.token_file),
+        handoff_token=_token("FORGEZERO_HANDOFF_TOKEN", args.handoff_token_file),
+        insecure_loopback_control=args.insecure_loopback_control,
+        http=args.http,
+        ws=args.ws,
+        root_path=args.root_path,
+        log_level=args.log_level,
+        access_log=not args.no_access_log,
+        app_dir=args.app_dir,
+    )
+
+
+def _token(env: str, path: Path | None) -> str | None:
+    text = os.environ.get(env, "") if path is None else path.read_text()
+    return text.strip() or None
