@@ -9,7 +9,8 @@ import logging
 import math
 import secrets
 import signal
-from collections.abc import Iterator
+import socket
+from collections.abc import Iterator, Sequence
 from typing import Any, Final, final
 
 import uvicorn
@@ -41,8 +42,21 @@ def find_runtime(app: object) -> Runtime | None:
     return None
 
 
-async def serve_app(app: ASGIApp, runtime: Runtime, options: ServeOptions) -> int:
-    """Serve until a signal's self-drain settles (or a second signal forces the stop)."""
+async def serve_app(
+    app: ASGIApp,
+    runtime: Runtime,
+    options: ServeOptions,
+    *,
+    sockets: Sequence[socket.socket] | None = None,
+    shared_listener: bool = False,
+) -> int:
+    """Serve until a signal's self-drain settles (or a second signal forces the stop).
+
+    ``sockets`` are listening sockets to serve on instead of binding ``options.host`` and
+    ``options.port`` (inherited from a supervisor or from systemd). ``shared_listener`` says that
+    other processes accept on them too: the stop then only stops this process accepting and
+    leaves the kernel's listening socket, and its accept queue, to them.
+    """
     config = uvicorn.Config(
         app,
         host=options.host,
@@ -79,7 +93,7 @@ async def serve_app(app: ASGIApp, runtime: Runtime, options: ServeOptions) -> in
     for signum in handled:
         loop.add_signal_handler(signum, on_signal, signum)
     try:
-        await server.serve()
+        await server.serve(sockets=None if sockets is None else list(sockets))
     except SystemExit as exit_:  # uvicorn exits when it cannot start (port in use, lifespan)
         logger.error("serve.start_failed code=%s", exit_.code)
         return 1
