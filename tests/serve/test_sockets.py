@@ -1,0 +1,102 @@
+"""The listener helpers of the zero-loss stop, on real loopback sockets."""
+
+from __future__ import annotations
+
+import errno
+import select
+import socket
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from forgezero_lifecycle.serve.sockets import accept_queue_length, refuse_new_connections
+
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="SO_ATTACH_FILTER is Linux's")
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def _connect_nonblocking(address: tuple[str, int]) -> socket.socket:
+    client = socket.socket()
+    client.setblocking(False)
+    assert client.connect_ex(address) in (0, errno.EINPROGRESS)
+    return client
+
+
+@linux_only
+def test_queued_connections_are_counted(listener: socket.socket) -> None:
+    """The accept queue's length is what waits to be accepted, and falls as it is accepted."""
+    clients = [socket.create_connection(listener.getsockname()) for _ in range(3)]
+    try:
+        assert accept_queue_length(listener) == 3
+        accepted, _ = listener.accept()
+        accepted.close()
+        assert accept_queue_length(listener) == 2
+    finally:
+        for client in clients:
+            client.close()
+
+
+@linux_only
+def test_a_refusing_listener_completes_no_new_handshake(listener: socket.socket) -> None:
+    """After the filter a new client's SYN is dropped: nothing reaches the accept queue."""
+    assert refuse_new_connections(listener)
+    client = _connect_nonblocking(listener.getsockname())
+    try:
+        # Writable means the handshake ended (either way); it must still be under way.
+        _, writable, _ = select.select([], [client], [], 0.3)
+        assert writable == []
+        assert accept_queue_length(listener) == 0
+    finally:
+        client.close()
+
+
+@linux_only
+def test_what_was_queued_before_the_filter_is_still_served(listener: socket.socket) -> None:
+    """Connections that completed their handshake before the filter exchange data as usual."""
+    client = socket.create_connection(listener.getsockname())
+    try:
+        assert refuse_new_connections(listener)
+        client.sendall(b"request")
+        accepted, _ = listener.accept()
+        with accepted:
+            assert accepted.recv(16) == b"request"
+            accepted.sendall(b"answer")
+            assert client.recv(16) == b"answer"
+    finally:
+        client.close()
+
+
+@linux_only
+def test_a_client_waiting_on_a_refusing_listener_is_refused_once_it_closes() -> None:
+    """The SYN the client retransmits after the close meets a closed port: connection refused."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    assert refuse_new_connections(listener)
+    client = _connect_nonblocking(listener.getsockname())
+    try:
+        listener.close()
+        _, writable, _ = select.select([], [client], [], 10.0)  # the retransmit comes after ~1 s
+        assert writable == [client]
+        assert client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNREFUSED
+    finally:
+        client.close()
+
+
+def test_sockets_that_are_not_tcp_are_not_touched() -> None:
+    """A Unix socket has no SYN to drop and no TCP_INFO: both helpers say they cannot help."""
+    left, right = socket.socketpair()
+    with left, right:
+        assert refuse_new_connections(left) is False
+        assert accept_queue_length(left) is None
