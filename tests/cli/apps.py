@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
 
 from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from forgezero_lifecycle.asgi._types import Receive, Scope, Send
@@ -75,6 +76,18 @@ async def slow(request: Request) -> Response:
     return JSONResponse({"slept": seconds})
 
 
+async def stream(request: Request) -> Response:
+    """A first chunk at once, the last one after ``seconds``: a response that spans a drain."""
+    seconds = float(request.query_params.get("seconds", "1"))
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"first\n"
+        await asyncio.sleep(seconds)
+        yield b"last\n"
+
+    return StreamingResponse(chunks(), media_type="text/plain")
+
+
 async def counters(request: Request) -> Response:
     return JSONResponse({**runtime.counters().model_dump(), "imported": state.imported})
 
@@ -83,6 +96,7 @@ app = Starlette(
     routes=[
         Route("/fast", fast),
         Route("/slow", slow),
+        Route("/stream", stream),
         Route("/_test/counters", counters),
     ]
 )

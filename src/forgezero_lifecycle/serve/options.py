@@ -28,6 +28,7 @@ class ServeOptions:
     revision: str | None = None
     not_ready_grace: float = 0.0
     stream_grace: float = 5.0
+    first_byte_grace: float = 1.0
     control_token: str | None = None
     handoff_token: str | None = None
     insecure_loopback_control: bool = False
@@ -95,6 +96,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="then WebSockets get 1012 and streams end (default 5s)",
     )
+    add(
+        "--first-byte-grace",
+        type=parse_duration,
+        default=1.0,
+        metavar="DURATION",
+        help="at the stop, connections with no request yet wait this long for one (default 1s)",
+    )
     add("--handoff-token-file", type=Path, metavar="PATH")
     add(
         "--insecure-loopback-control",
@@ -118,6 +126,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         revision=args.revision,
         not_ready_grace=args.not_ready_grace,
         stream_grace=args.stream_grace,
+        first_byte_grace=args.first_byte_grace,
         control_token=_token("FORGEZERO_CONTROL_TOKEN", args.token_file),
         handoff_token=_token("FORGEZERO_HANDOFF_TOKEN", args.handoff_token_file),
         insecure_loopback_control=args.insecure_loopback_control,

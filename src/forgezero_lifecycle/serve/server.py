@@ -14,13 +14,17 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Final, final
 
 import uvicorn
-from uvicorn.config import LOGGING_CONFIG
+from uvicorn.config import HTTP_PROTOCOLS, LOGGING_CONFIG
+from uvicorn.importer import import_from_string
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from .._errors import LifecycleError
 from ..asgi._types import ASGIApp
 from ..runtime import Runtime
 from ..wire.drain import DRAIN_PROTOCOL, MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainState
+from .connections import ConnectionStop, zero_loss_protocol
 from .options import ServeOptions
+from .sockets import ListeningSocket, accept_queue_length, refuse_new_connections
 
 __all__ = ["find_runtime", "serve_app"]
 
@@ -30,6 +34,10 @@ logger = logging.getLogger("forgezero_lifecycle.serve")
 UNKNOWN_REVISION: Final = "0" * 40
 #: uvicorn's own graceful shutdown waits this much longer than the drain deadline.
 SHUTDOWN_MARGIN: Final = 5.0
+#: Pause between readings of a closing listener's accept queue.
+HANDSHAKE_SETTLE: Final = 0.1
+#: The longest the stop keeps accepting what is queued before it closes the listener anyway.
+ACCEPT_QUEUE_TIMEOUT: Final = 2.0
 
 
 def find_runtime(app: object) -> Runtime | None:
@@ -57,11 +65,12 @@ async def serve_app(
     other processes accept on them too: the stop then only stops this process accepting and
     leaves the kernel's listening socket, and its accept queue, to them.
     """
+    stop = ConnectionStop(options.first_byte_grace)
     config = uvicorn.Config(
         app,
         host=options.host,
         port=options.port,
-        http=options.http,
+        http=zero_loss_protocol(_http_protocol(options.http), stop),
         ws=options.ws,
         root_path=options.root_path,
         log_level=options.log_level,
@@ -70,7 +79,7 @@ async def serve_app(
         lifespan="auto",
         timeout_graceful_shutdown=math.ceil(options.drain_timeout + SHUTDOWN_MARGIN),
     )
-    server = _Server(config)  # its Config has set up logging: log from here on
+    server = _Server(config, stop, shared_listener=shared_listener)  # logging is set up now
     if find_runtime(app) is runtime:
         logger.info("serve.app_runtime: the app's own runtime keeps its own settings")
     loop = asyncio.get_running_loop()
@@ -89,6 +98,7 @@ async def serve_app(
             server.force_exit = True
             server.should_exit = True
 
+    watcher = loop.create_task(_close_after_responses(runtime, server))
     handled = (signal.SIGTERM, signal.SIGINT)
     for signum in handled:
         loop.add_signal_handler(signum, on_signal, signum)
@@ -100,6 +110,7 @@ async def serve_app(
     finally:
         for signum in handled:
             loop.remove_signal_handler(signum)
+        watcher.cancel()
     if drain is None:
         return 0 if server.started else 1
     if not drain.done():
@@ -138,13 +149,101 @@ async def _self_drain(runtime: Runtime, drain_timeout: float, server: uvicorn.Se
     return state
 
 
+async def _close_after_responses(runtime: Runtime, server: uvicorn.Server) -> None:
+    """From each drain's first instant, close every connection once its current response ends.
+
+    Responses that start during the drain carry ``Connection: close`` (the middleware adds it);
+    this covers the ones that started before it, which can no longer carry the header.
+    """
+    while True:
+        await runtime.draining.wait()
+        for connection in list(server.server_state.connections):
+            cycle = getattr(connection, "cycle", None)
+            if cycle is not None and not cycle.response_complete:
+                cycle.keep_alive = False
+        if await runtime.drain.wait() != "rolled-back":
+            return
+
+
 @final
 class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: :func:`serve_app` installs the handlers."""
+    """uvicorn with a stop that loses nothing at the socket.
+
+    Signals are :func:`serve_app`'s (it installs the handlers). The stop, once the drain has
+    settled:
+
+    1. an own listener refuses new handshakes (``sockets.refuse_new_connections``) and is
+       accepted from until its accept queue is empty, then closed; a shared listener (other
+       processes accept on it) is only no longer accepted from, and keeps its queue;
+    2. every connection gets the first-byte grace or closes after its response
+       (``connections.ConnectionStop``), each closed the lingering way;
+    3. then uvicorn's own wait for connections and tasks, and the lifespan shutdown.
+    """
+
+    def __init__(self, config: uvicorn.Config, stop: ConnectionStop, *, shared_listener: bool):
+        super().__init__(config)
+        self._stop = stop
+        self._shared_listener = shared_listener
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        listeners = [sock for server in self.servers for sock in server.sockets]
+        if not self._shared_listener:
+            await _take_what_is_queued(listeners)
+        for server in self.servers:
+            server.close()
+        for sock in sockets or ():
+            sock.close()
+        logger.info(
+            "serve.stopping connections=%d first_byte_grace=%.2f",
+            len(self.server_state.connections),
+            self._stop.first_byte_grace,
+        )
+        self._stop.begin(self.server_state.connections)
+        try:
+            await asyncio.wait_for(
+                self._wait_tasks_to_complete(), timeout=self.config.timeout_graceful_shutdown
+            )
+        except TimeoutError:
+            logger.error("serve.cancelled tasks=%d", len(self.server_state.tasks))
+            for task in self.server_state.tasks:
+                task.cancel(msg="the graceful shutdown's timeout is over")
+        await self._stop.wait_lingering()
+        if not self.force_exit:
+            await self.lifespan.shutdown()
+
+
+async def _take_what_is_queued(listeners: Sequence[ListeningSocket]) -> None:
+    """Refuse new handshakes, then let the loop accept until every accept queue is empty."""
+    if not all([refuse_new_connections(sock) for sock in listeners]):
+        logger.warning(
+            "serve.no_syn_filter: this platform cannot refuse new handshakes on a listener; "
+            "connections still queued when it closes are reset"
+        )
+        return
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + ACCEPT_QUEUE_TIMEOUT
+    # The kernel offers no notification of an empty accept queue, so it is read after each
+    # settle: a handshake under way when the filter was attached completes within one round trip.
+    while True:
+        await asyncio.sleep(HANDSHAKE_SETTLE)
+        queued = sum(accept_queue_length(sock) or 0 for sock in listeners)
+        if queued == 0:
+            return
+        if loop.time() > give_up_at:
+            logger.warning("serve.accept_queue_not_empty queued=%d", queued)
+            return
+
+
+def _http_protocol(http: str) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class for ``--http`` (``auto``: httptools when installed)."""
+    if http == "auto":
+        return AutoHTTPProtocol
+    cls: type[asyncio.Protocol] = import_from_string(HTTP_PROTOCOLS[http])
+    return cls
 
 
 def _log_config(level: str) -> dict[str, Any]:
