@@ -19,7 +19,7 @@ from typing import Final, final
 import anyio
 import httpx
 
-__all__ = ["REFUSAL", "Attempt", "HttpLoad", "RequestRecord", "Router", "Target"]
+__all__ = ["REFUSAL", "Attempt", "HttpLoad", "LateSenders", "RequestRecord", "Router", "Target"]
 
 REFUSAL: Final = b'{"error":"RUNTIME_DRAINING"}'
 KINDS: Final = ("fast", "slow", "stream", "post")
@@ -112,11 +112,23 @@ class RequestRecord:
 class HttpLoad:
     """``clients`` concurrent clients sending mixed requests through ``router`` until stopped."""
 
-    def __init__(self, router: Router, *, clients: int, seed: int, think: float = 0.01) -> None:
+    def __init__(
+        self,
+        router: Router,
+        *,
+        clients: int,
+        seed: int,
+        think: float = 0.01,
+        retry: bool = True,
+        kinds: tuple[str, ...] = KINDS,
+    ) -> None:
         self.router = router
         self.clients = clients
         self.seed = seed
         self.think = think
+        #: False: one attempt per request, as a client with nowhere else to go sees it.
+        self.retry = retry
+        self.kinds = kinds
         self.records: list[RequestRecord] = []
         self._stop = anyio.Event()
 
@@ -133,7 +145,7 @@ class HttpLoad:
         sequence = 0
         while not self._stop.is_set():
             sequence += 1
-            kind = rng.choices(KINDS, WEIGHTS)[0]
+            kind = rng.choices(KINDS, WEIGHTS)[0] if self.kinds == KINDS else rng.choice(self.kinds)
             record = RequestRecord(f"s{self.seed}c{number}n{sequence}", kind)
             self.records.append(record)
             await self._send(record, rng)
@@ -145,7 +157,7 @@ class HttpLoad:
         for _ in range(MAX_ATTEMPTS):
             outcome = await _attempt(target, request)
             record.attempts.append(Attempt(target.label, outcome))
-            if outcome not in ("refused", "connect-refused"):
+            if not self.retry or outcome not in ("refused", "connect-refused"):
                 break
             following = self.router.other(target)
             if following is target:
@@ -205,4 +217,81 @@ def _judge(label: str, request: _Request, response: httpx.Response) -> str:
         return f"bad:body {body!r}"
     if record.kind == "post" and body.get("sha256") != hashlib.sha256(request.body).hexdigest():
         return "bad:digest"
+    return "ok"
+
+
+@final
+class LateSenders:
+    """Raw-socket clients that connect, wait up to ``lateness`` seconds, then send one request.
+
+    They stand for clients whose connection the server has accepted but whose request it has
+    not read yet: the connections a stop must not close under them. Each request is judged
+    like the load's: ``ok``, ``refused`` (503 from the runtime), ``connect-refused``, or
+    ``error:…`` (the connection ended without an answer).
+    """
+
+    def __init__(self, url: str, label: str, *, clients: int, seed: int, lateness: float) -> None:
+        host, _, port = url.removeprefix("http://").partition(":")
+        self.host, self.port, self.label = host, int(port), label
+        self.clients, self.seed, self.lateness = clients, seed, lateness
+        self.records: list[RequestRecord] = []
+        self._stop = anyio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as group:
+            for number in range(self.clients):
+                group.start_soon(self._client, number)
+
+    async def _client(self, number: int) -> None:
+        rng = random.Random(self.seed * 1000 + number)
+        sequence = 0
+        while not self._stop.is_set():
+            sequence += 1
+            record = RequestRecord(f"late{self.seed}c{number}n{sequence}", "fast")
+            self.records.append(record)
+            outcome = await self._attempt(record.id, rng.random() * self.lateness)
+            record.attempts.append(Attempt(self.label, outcome))
+            record.done_at = time.monotonic()
+            if outcome == "connect-refused":
+                await anyio.sleep(RETRY_PAUSE)
+
+    async def _attempt(self, request_id: str, lateness: float) -> str:
+        try:
+            stream = await anyio.connect_tcp(self.host, self.port)
+        except OSError:
+            return "connect-refused"
+        request = (
+            f"GET /fast HTTP/1.1\r\nhost: {self.host}\r\nx-request-id: {request_id}\r\n"
+            "connection: close\r\n\r\n"
+        ).encode()
+        answer = bytearray()
+        try:
+            async with stream:
+                await anyio.sleep(lateness)
+                await stream.send(request)
+                with anyio.fail_after(30):
+                    while True:
+                        try:
+                            answer += await stream.receive()
+                        except anyio.EndOfStream:
+                            break
+        except (OSError, anyio.BrokenResourceError) as error:
+            return f"error:{type(error).__name__}:{error} after {len(answer)} bytes"
+        return _judge_raw(self.label, request_id, bytes(answer))
+
+
+def _judge_raw(label: str, request_id: str, answer: bytes) -> str:
+    if not answer:
+        return "error:closed without an answer"
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1] if head.count(b" ") >= 1 else b""
+    if status == b"503" and body == REFUSAL:
+        return "refused"
+    if status != b"200":
+        return f"bad:status {head[:60]!r}"
+    if f'"id":"{request_id}"'.encode() not in body or f'"gen":"{label}"'.encode() not in body:
+        return f"bad:body {body[:80]!r}"
     return "ok"

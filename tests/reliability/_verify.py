@@ -100,3 +100,53 @@ def _judge_one(
     server = servers.get(served_by)
     if server is None or record.id not in server.finished:
         verdict.problems.append(f"{record.id} answered by {served_by}, which has no record of it")
+
+
+@dataclass
+class StopVerdict:
+    """One process stopped under load: each request answered, refused, or lost."""
+
+    ok: int = 0
+    refused: int = 0
+    connect_refused: int = 0
+    lost: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def counts(self) -> dict[str, object]:
+        return {
+            "ok": self.ok,
+            "refused_503": self.refused,
+            "connect_refused": self.connect_refused,
+            "lost": self.lost,
+        }
+
+
+def judge_stop(records: Iterable[RequestRecord], server: ServerRecords) -> StopVerdict:
+    """Judge single-attempt requests against the one server that was stopped.
+
+    ``ok`` needs the server's record of starting it once and finishing it; a refusal (503 or a
+    refused connection) needs the server never to have started it, so the client may retry it
+    anywhere; anything else the client saw is a lost request (sent, and no answer).
+    """
+    verdict = StopVerdict()
+    for record in records:
+        outcome = record.outcome
+        started = len(server.started.get(record.id, ()))
+        if outcome == "ok":
+            verdict.ok += 1
+            if started != 1 or record.id not in server.finished:
+                verdict.problems.append(f"{record.id} answered ok but ran {started} times")
+        elif outcome in ("refused", "connect-refused"):
+            if outcome == "refused":
+                verdict.refused += 1
+            else:
+                verdict.connect_refused += 1
+            if started:
+                verdict.problems.append(f"{record.id} refused ({outcome}) after it ran")
+        else:
+            verdict.lost += 1
+            ran = f", and the server ran it {started} times" if started else ""
+            verdict.problems.append(f"{record.id} ({record.kind}) lost: {outcome}{ran}")
+    for request_id in server.unfinished():
+        verdict.problems.append(f"the server admitted {request_id} and never finished it")
+    return verdict

@@ -18,13 +18,22 @@ from typing import Final
 
 import httpx
 
-__all__ = ["SERVER_KINDS", "RunningServer", "free_port", "start_server", "stop_server"]
+__all__ = [
+    "SERVER_KINDS",
+    "SERVE_KINDS",
+    "RunningServer",
+    "free_port",
+    "start_server",
+    "stop_server",
+]
 
 PROJECT_ROOT: Final = Path(__file__).resolve().parents[2]
 LIVE_PATH: Final = "/.forgezero/runtime/live"
 STARTUP_TIMEOUT: Final = 30.0
 SHUTDOWN_TIMEOUT: Final = 10.0
 
+#: ``forgezero-lifecycle serve`` with each of uvicorn's HTTP implementations.
+SERVE_KINDS: Final = ("serve-h11", "serve-httptools")
 #: The servers every real-server test runs against.
 SERVER_KINDS: Final = ("uvicorn-h11", "uvicorn-httptools", "hypercorn")
 
@@ -55,6 +64,23 @@ def _command(kind: str, target: str, port: int) -> list[str]:
             "--no-access-log",
             "--timeout-graceful-shutdown",
             "3",
+        ]
+    if kind.startswith("serve-"):
+        return [
+            sys.executable,
+            "-m",
+            "forgezero_lifecycle",
+            "serve",
+            target,
+            "--port",
+            str(port),
+            "--http",
+            kind.removeprefix("serve-"),
+            "--drain-timeout",
+            "10s",
+            "--log-level",
+            "warning",
+            "--no-access-log",
         ]
     if kind == "hypercorn":
         return [
