@@ -14,10 +14,14 @@ a drain through the control plane already, the signal waits for that drain inste
 another.
 
 uvicorn's ``timeout_graceful_shutdown`` is set above the drain deadline, so uvicorn never cuts
-work the drain still waits for.
+work the drain still waits for. Once the drain has settled, the stop loses nothing at the socket:
+the listener refuses new handshakes and is emptied before it closes (``sockets``), connections
+get a first-byte grace instead of an immediate close, and every close lingers
+(``connections``).
 
 Modules: ``options`` (flags and values), ``command`` (import the app, find its runtime),
-``server`` (uvicorn under the runtime's control).
+``server`` (uvicorn under the runtime's control), ``connections`` (the stop of each
+connection), ``sockets`` (the stop of a listener).
 """
 
 from .command import run as run
