@@ -110,6 +110,16 @@ class Runtime:
             loopback_only=insecure_loopback_control,
         )
 
+    @property
+    def not_ready_grace(self) -> float:
+        """Seconds a drain keeps admitting after readiness turned 503."""
+        return self._not_ready_grace
+
+    @property
+    def stream_grace(self) -> float:
+        """Seconds after intake closed until WebSockets and streams get the drain notice."""
+        return self._stream_grace
+
     def add(self, participant: P) -> P:
         """Register memory or durable work (queue, job worker, scheduler) with the drain."""
         if not isinstance(participant, WorkParticipant):

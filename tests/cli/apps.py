@@ -54,10 +54,11 @@ def _exempt(scope: Scope) -> bool:
 
 
 state = CounterState()
+REVISION = os.environ.get("FORGEZERO_REVISION")
 runtime = Runtime(
     control_token=os.environ["FORGEZERO_CONTROL_TOKEN"],
     handoff_token=os.environ.get("FORGEZERO_HANDOFF_TOKEN"),
-    revision=os.environ.get("FORGEZERO_REVISION"),
+    revision=REVISION,
     not_ready_grace=float(os.environ.get("FORGEZERO_NOT_READY_GRACE", "0")),
     state_adapter=state,
     exempt=_exempt,
@@ -101,6 +102,11 @@ app = Starlette(
     ]
 )
 runtime.install(app)
+
+
+#: An app whose runtime has fixed settings: it reads none of the variables ``serve`` exports.
+fixed = Starlette(routes=[Route("/fast", fast)])
+Runtime(control_token=os.environ["FORGEZERO_CONTROL_TOKEN"], revision=REVISION).install(fixed)
 
 
 async def plain(scope: Scope, receive: Receive, send: Send) -> None:

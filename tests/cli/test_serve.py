@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -103,3 +104,58 @@ def test_serve_reports_an_app_it_cannot_import() -> None:
     assert result.returncode == 2
     assert "cannot import the app" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _serve_once(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``serve`` that is expected to refuse to start (bounded)."""
+    return subprocess.run(
+        [sys.executable, "-m", "forgezero_lifecycle", "serve", *argv],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "FORGEZERO_CONTROL_TOKEN": CONTROL_TOKEN},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_an_app_whose_import_raises_shows_the_real_error() -> None:
+    """The exception type and the app's own traceback, not just the exception's text."""
+    result = _serve_once("tests.cli.broken_app:app")
+    assert result.returncode == 2
+    assert "raised KeyError: 'FORGEZERO_TESTS_SETTING_NOBODY_SETS'" in result.stderr
+    assert "tests/cli/broken_app.py" in result.stderr  # where it failed
+
+
+def test_a_flag_the_apps_own_runtime_would_ignore_is_refused() -> None:
+    """--not-ready-grace differs from the runtime the app built itself: an error, not ignored."""
+    result = _serve_once("tests.cli.apps:fixed", "--not-ready-grace", "2s", "--stream-grace", "5s")
+    assert result.returncode == 2
+    assert "--not-ready-grace 2.0 (the runtime has 0.0)" in result.stderr
+    assert "--stream-grace" not in result.stderr  # it agrees with the runtime's 5 s
+
+
+def test_the_log_says_which_runtime_is_served(start_serve: StartServe) -> None:
+    """The app's own runtime and one serve built are told apart (it used to say 'own' for both)."""
+    own = start_serve("tests.cli.apps:app", "--not-ready-grace", "1s")  # read by the app
+    built = start_serve("tests.cli.apps:plain")
+    own.wait_for(lambda: "serve.runtime" in own.log(), "logged")
+    built.wait_for(lambda: "serve.runtime" in built.log(), "logged")
+    assert "serve.runtime source=app" in own.log()
+    assert "serve.runtime source=serve" in built.log()
+
+
+def test_following_a_drain_honours_the_drain_timeout(
+    start_serve: StartServe, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A preStop drain with a long deadline: SIGTERM waits at most --drain-timeout, then exits 1."""
+    monkeypatch.setenv("FORGEZERO_CONTROL_TOKEN", CONTROL_TOKEN)
+    served = start_serve("tests.cli.apps:app", "--drain-timeout", "1s")
+    served.in_background("/slow?seconds=30")
+    served.wait_admitted()
+    revisions = ("--source-revision", REVISION_A, "--target-revision", REVISION_B)
+    begun = run(capsys, "drain", "--url", served.url, *revisions, "--timeout", "60s", "--no-wait")
+    assert begun.code == 0
+    served.signal(signal.SIGTERM)
+    assert served.wait_exit() == 1
+    assert "serve.follow_timeout" in served.log()

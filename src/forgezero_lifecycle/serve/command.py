@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import traceback
+from typing import Final
 
-from uvicorn.importer import import_from_string
+from uvicorn.importer import ImportFromStringError, import_from_string
 
 from .._errors import ConfigurationError
 from ..asgi._types import ASGIApp
@@ -16,37 +18,80 @@ from .server import find_runtime, serve_app
 
 __all__ = ["run"]
 
+#: The graces of a runtime ``serve`` builds when no flag gives them (the ``Runtime`` defaults).
+DEFAULT_NOT_READY_GRACE: Final = 0.0
+DEFAULT_STREAM_GRACE: Final = 5.0
+
 
 def run(app: str | ASGIApp, options: ServeOptions) -> int:
     """Import ``app`` (``"module:attribute"``) if needed, serve it, return the exit code.
 
-    ``revision`` and ``not_ready_grace`` are exported as ``FORGEZERO_REVISION`` and
-    ``FORGEZERO_NOT_READY_GRACE`` before the import, for apps that build their own runtime.
+    The runtime settings given as flags are exported first (``FORGEZERO_REVISION``,
+    ``FORGEZERO_NOT_READY_GRACE``, ``FORGEZERO_STREAM_GRACE``), for apps that build their own
+    runtime from the environment. One rule then holds: an app without a runtime gets one built
+    from the flags; an app with its own runtime is served with it, and every flag given must
+    agree with it, or ``serve`` refuses to start (a flag it would silently ignore is an error).
     """
-    if options.revision is not None:
-        os.environ["FORGEZERO_REVISION"] = options.revision
-    if options.not_ready_grace:
-        os.environ["FORGEZERO_NOT_READY_GRACE"] = repr(options.not_ready_grace)
+    _export(options)
     if isinstance(app, str):
-        sys.path.insert(0, os.path.abspath(options.app_dir))
-        try:
-            app = import_from_string(app)
-        except Exception as error:
-            raise ConfigurationError(detail=f"cannot import the app {app!r}: {error}") from None
-    assert not isinstance(app, str)
+        app = _import(app, options.app_dir)
     runtime = find_runtime(app)
     if runtime is None:
         runtime = Runtime(
             control_token=options.control_token,
             handoff_token=options.handoff_token,
             revision=options.revision,
-            not_ready_grace=options.not_ready_grace,
-            stream_grace=options.stream_grace,
+            not_ready_grace=_or(options.not_ready_grace, DEFAULT_NOT_READY_GRACE),
+            stream_grace=_or(options.stream_grace, DEFAULT_STREAM_GRACE),
             insecure_loopback_control=options.insecure_loopback_control,
         )
-        app = runtime.wrap(app)
-    elif options.revision is not None and runtime.revision not in (None, options.revision):
+        return asyncio.run(serve_app(runtime.wrap(app), runtime, options, runtime_source="serve"))
+    _check_agrees(runtime, options)
+    return asyncio.run(serve_app(app, runtime, options, runtime_source="app"))
+
+
+def _export(options: ServeOptions) -> None:
+    if options.revision is not None:
+        os.environ["FORGEZERO_REVISION"] = options.revision
+    if options.not_ready_grace is not None:
+        os.environ["FORGEZERO_NOT_READY_GRACE"] = repr(options.not_ready_grace)
+    if options.stream_grace is not None:
+        os.environ["FORGEZERO_STREAM_GRACE"] = repr(options.stream_grace)
+
+
+def _import(target: str, app_dir: str) -> ASGIApp:
+    sys.path.insert(0, os.path.abspath(app_dir))
+    try:
+        app: ASGIApp = import_from_string(target)
+    except ImportFromStringError as error:  # no such module or attribute: uvicorn says which
+        raise ConfigurationError(detail=f"cannot import the app {target!r}: {error}") from None
+    except Exception as error:
+        traceback.print_exc()  # the app's own code failed: its traceback says where
         raise ConfigurationError(
-            detail="--revision differs from the revision the app's runtime was built with"
+            detail=f"importing the app {target!r} raised {type(error).__name__}: {error}"
+        ) from None
+    return app
+
+
+def _check_agrees(runtime: Runtime, options: ServeOptions) -> None:
+    given = (
+        ("--revision", options.revision, runtime.revision),
+        ("--not-ready-grace", options.not_ready_grace, runtime.not_ready_grace),
+        ("--stream-grace", options.stream_grace, runtime.stream_grace),
+    )
+    ignored = [
+        f"{flag} {value} (the runtime has {actual})"
+        for flag, value, actual in given
+        if value is not None and value != actual
+    ]
+    if ignored:
+        raise ConfigurationError(
+            detail="the app builds its own runtime, which does not use "
+            + ", ".join(ignored)
+            + ": pass the values to Runtime(...) (serve exports them as FORGEZERO_REVISION, "
+            "FORGEZERO_NOT_READY_GRACE and FORGEZERO_STREAM_GRACE) or drop the flags"
         )
-    return asyncio.run(serve_app(app, runtime, options))
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value

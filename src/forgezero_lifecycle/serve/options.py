@@ -20,14 +20,19 @@ _UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
 @final
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
-    """How to serve; the runtime fields apply only to a runtime ``serve`` builds itself."""
+    """How to serve.
+
+    ``revision``, ``not_ready_grace`` and ``stream_grace`` are None when not given. ``serve``
+    builds a runtime from them when the app has none (0 s and 5 s by default); an app that
+    builds its own runtime must agree with every one that was given (see :func:`~.command.run`).
+    """
 
     host: str = "127.0.0.1"
     port: int = 8000
     drain_timeout: float = 30.0
     revision: str | None = None
-    not_ready_grace: float = 0.0
-    stream_grace: float = 5.0
+    not_ready_grace: float | None = None
+    stream_grace: float | None = None
     first_byte_grace: float = 1.0
     control_token: str | None = None
     handoff_token: str | None = None
@@ -85,16 +90,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--not-ready-grace",
         type=parse_duration,
-        default=0.0,
         metavar="DURATION",
-        help="keep admitting this long after readiness turns 503 (default 0s)",
+        help="keep admitting this long after readiness turns 503 (default 0s); exported as "
+        "FORGEZERO_NOT_READY_GRACE",
     )
     add(
         "--stream-grace",
         type=parse_duration,
-        default=5.0,
         metavar="DURATION",
-        help="then WebSockets get 1012 and streams end (default 5s)",
+        help="then WebSockets get 1012 and streams end (default 5s); exported as "
+        "FORGEZERO_STREAM_GRACE",
     )
     add(
         "--first-byte-grace",

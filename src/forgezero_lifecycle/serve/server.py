@@ -11,7 +11,7 @@ import secrets
 import signal
 import socket
 from collections.abc import Iterator, Sequence
-from typing import Any, Final, final
+from typing import Any, Final, Literal, final
 
 import uvicorn
 from uvicorn.config import HTTP_PROTOCOLS, LOGGING_CONFIG
@@ -57,13 +57,15 @@ async def serve_app(
     *,
     sockets: Sequence[socket.socket] | None = None,
     shared_listener: bool = False,
+    runtime_source: Literal["app", "serve"] = "app",
 ) -> int:
     """Serve until a signal's self-drain settles (or a second signal forces the stop).
 
     ``sockets`` are listening sockets to serve on instead of binding ``options.host`` and
     ``options.port`` (inherited from a supervisor or from systemd). ``shared_listener`` says that
     other processes accept on them too: the stop then only stops this process accepting and
-    leaves the kernel's listening socket, and its accept queue, to them.
+    leaves the kernel's listening socket, and its accept queue, to them. ``runtime_source`` says
+    whether ``runtime`` is the app's own or one ``serve`` built from its flags (for the log).
     """
     stop = ConnectionStop(options.first_byte_grace)
     config = uvicorn.Config(
@@ -80,8 +82,10 @@ async def serve_app(
         timeout_graceful_shutdown=math.ceil(options.drain_timeout + SHUTDOWN_MARGIN),
     )
     server = _Server(config, stop, shared_listener=shared_listener)  # logging is set up now
-    if find_runtime(app) is runtime:
-        logger.info("serve.app_runtime: the app's own runtime keeps its own settings")
+    if runtime_source == "app":
+        logger.info("serve.runtime source=app: the app's own runtime, which agrees with the flags")
+    else:
+        logger.info("serve.runtime source=serve: built from the flags (the app has no runtime)")
     loop = asyncio.get_running_loop()
     drain: asyncio.Task[DrainState] | None = None
 
@@ -137,9 +141,14 @@ async def _self_drain(runtime: Runtime, drain_timeout: float, server: uvicorn.Se
                     "timeoutMs": min(MAX_DRAIN_TIMEOUT_MS, max(MIN_DRAIN_TIMEOUT_MS, timeout_ms)),
                 }
             )
+            state = await runtime.drain.wait()
         else:
-            logger.info("serve.following_drain: a drain was already begun")
-        state = await runtime.drain.wait()
+            logger.info(
+                "serve.following_drain: a drain was already begun; waiting for it at most "
+                "--drain-timeout (%.1f s)",
+                drain_timeout,
+            )
+            state = await _follow(runtime, drain_timeout)
     except LifecycleError as error:
         logger.error("serve.drain_refused code=%s", error.code)
         state = "failed"
@@ -163,6 +172,15 @@ async def _close_after_responses(runtime: Runtime, server: uvicorn.Server) -> No
                 cycle.keep_alive = False
         if await runtime.drain.wait() != "rolled-back":
             return
+
+
+async def _follow(runtime: Runtime, drain_timeout: float) -> DrainState:
+    """The state a drain begun by someone else settles in, or failed after ``drain_timeout``."""
+    try:
+        return await asyncio.wait_for(runtime.drain.wait(), drain_timeout)
+    except TimeoutError:
+        logger.error("serve.follow_timeout: the drain had not settled within --drain-timeout")
+        return "failed"
 
 
 @final
