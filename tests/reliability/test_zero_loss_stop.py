@@ -111,7 +111,7 @@ async def test_sigterm_under_load_loses_no_request(fleet: Fleet, kind: str) -> N
 async def test_bare_uvicorn_stop_under_the_same_load_is_measured(fleet: Fleet) -> None:
     """The anchor: plain uvicorn with no runtime, stopped the same way (measured, not judged)."""
     runs = [
-        await _stop_under_load(fleet, kind, f"b{n}", seed=100 + n, FZREL_BARE="1")
+        await _stop_under_load(fleet, kind, f"b{n}{kind[-3:]}", seed=100 + n, FZREL_BARE="1")
         for n in range(scale(1, 10))
         for kind in ("uvicorn-h11", "uvicorn-httptools")
     ]
