@@ -31,6 +31,7 @@ from starlette.applications import Starlette
 
 from ._clock import Clock, SystemClock
 from ._errors import ConfigurationError
+from ._tokens import check_token_pair
 from .asgi._types import ASGIApp, Scope
 from .asgi.control import ControlApp
 from .asgi.middleware import InFlightMiddleware
@@ -39,6 +40,7 @@ from .core.gate import IntakeGate
 from .core.handoff import StateAdapter, StateHandoffController
 from .core.participant import WorkParticipant
 from .core.scheduler import SchedulerParticipant
+from .wire._types import is_revision
 from .wire.drain import WorkCounters
 
 __all__ = ["Runtime"]
@@ -46,6 +48,11 @@ __all__ = ["Runtime"]
 logger = logging.getLogger("forgezero_lifecycle.runtime")
 
 P = TypeVar("P", bound=WorkParticipant)
+
+#: Close codes an endpoint may send (RFC 6455 §7.4: 1004-1006, 1015 and 1016-2999 may not be).
+_SENDABLE_CLOSE_CODES: Final = frozenset(
+    (1000, 1001, 1002, 1003, *range(1007, 1015), *range(3000, 5000))
+)
 
 #: Share of the drain deadline kept back so durable jobs are released before it expires.
 _RELEASE_MARGIN_SHARE: Final = 0.1
@@ -66,6 +73,7 @@ class Runtime:
         not_ready_grace: float = 0.0,
         stream_grace: float = 5.0,
         websocket_close_code: int = 1012,
+        retry_after: int = 1,
         exempt: Callable[[Scope], bool] | None = None,
         insecure_loopback_control: bool = False,
         clock: Clock | None = None,
@@ -75,13 +83,10 @@ class Runtime:
                 detail="a control token is required (or insecure_loopback_control=True for "
                 "local development, which admits loopback clients only)"
             )
-        for name, token in (("control_token", control_token), ("handoff_token", handoff_token)):
-            if token is not None and len(token) < 16:
-                raise ConfigurationError(detail=f"{name} must be at least 16 characters")
+        check_token_pair(control_token, handoff_token)
+        _check_settings(revision, websocket_close_code, retry_after)
         if not_ready_grace < 0 or stream_grace < 0:
             raise ConfigurationError(detail="grace periods must be ≥ 0 seconds")
-        if not 1000 <= websocket_close_code <= 4999:
-            raise ConfigurationError(detail="websocket_close_code must be a WebSocket close code")
         self.revision = revision
         self.gate = IntakeGate()
         self.draining = asyncio.Event()
@@ -89,6 +94,7 @@ class Runtime:
         self._not_ready_grace = not_ready_grace
         self._stream_grace = stream_grace
         self._close_code = websocket_close_code
+        self._retry_after = retry_after
         self._exempt = exempt
         self._participants: list[WorkParticipant] = []
         self._closed = asyncio.Event()
@@ -146,6 +152,7 @@ class Runtime:
             "control": self.control,
             "exempt": self._exempt,
             "websocket_close_code": self._close_code,
+            "retry_after": self._retry_after,
         }
 
     async def aclose(self) -> None:
@@ -254,6 +261,25 @@ class _Dependencies:
 
     def resume(self) -> None:
         self._runtime._resume()
+
+
+def _check_settings(revision: str | None, close_code: int, retry_after: int) -> None:
+    """The settings a drain could never work with are refused when the runtime is built."""
+    if revision is not None and not is_revision(revision):
+        raise ConfigurationError(
+            detail=f"revision must be the full 40-hex commit (git rev-parse HEAD), got "
+            f"{revision!r:.60}: drains name it as sourceRevision, and a short one never matches"
+        )
+    if isinstance(close_code, bool) or close_code not in _SENDABLE_CLOSE_CODES:
+        raise ConfigurationError(
+            detail=f"websocket_close_code {close_code!r} may not be sent (RFC 6455 §7.4); use "
+            "1012 (service restart), 1001 (going away) or an application code 3000-4999"
+        )
+    if isinstance(retry_after, bool) or not isinstance(retry_after, int) or retry_after < 0:
+        raise ConfigurationError(
+            detail=f"retry_after must be whole seconds ≥ 0 (the Retry-After header), got "
+            f"{retry_after!r}"
+        )
 
 
 async def _first(primary: Coroutine[Any, Any, None], timer: Coroutine[Any, Any, None]) -> bool:

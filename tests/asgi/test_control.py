@@ -18,7 +18,7 @@ from forgezero_lifecycle.runtime import Runtime
 pytestmark = pytest.mark.anyio
 
 TOKEN = "control-token-0123456789abcdef"
-HANDOFF_TOKEN = "handoff-token-0123456789abcdef"
+HANDOFF_TOKEN = "handoff-token-0123456789abcdefghijklmnopqrs"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 NONCE = "N" * 43
 BEGIN = "/.forgezero/runtime/drain/v1/begin"
