@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final, TextIO
@@ -20,6 +20,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 import orjson
 from pydantic import ValidationError
 
+from . import _tokens as tokens
 from . import demo, serve
 from ._errors import (
     BodyTooLarge,
@@ -35,7 +36,7 @@ from .client import ControlClient, drain_request, handoff_request
 from .wire import paths
 from .wire._types import is_nonce
 from .wire.drain import DrainStatus
-from .wire.handoff import AUTHORIZATION_PATTERN, StateHandoffStatus
+from .wire.handoff import StateHandoffStatus
 
 __all__ = ["EXIT_FAILED", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "main"]
 
@@ -78,10 +79,13 @@ def _timeout_ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
-def read_token(env: str, path: Path | None, flag: str) -> str:
-    """The token from ``path`` when given, else from ``$env``; never from the command line."""
-    token = path.read_text().strip() if path is not None else os.environ.get(env, "").strip()
-    if not token:
+def read_token(env: str, path: Path | None, flag: str, *, handoff: bool = False) -> str:
+    """The token from ``path`` when given, else from ``$env``; never from the command line.
+
+    The rules (one line, bearer characters only, a private file) are :func:`tokens.read_token`.
+    """
+    token = tokens.read_token(env, path, flag=flag, handoff=handoff)
+    if token is None:
         source = f"{flag} {path}" if path is not None else env
         raise UsageError(f"no token: {source} is empty or unset (set {env} or pass {flag})")
     return token
@@ -129,10 +133,8 @@ async def _rollback(args: argparse.Namespace) -> int:
 
 async def _handoff(args: argparse.Namespace) -> int:
     handoff_token = read_token(
-        "FORGEZERO_HANDOFF_TOKEN", args.handoff_token_file, "--handoff-token-file"
+        "FORGEZERO_HANDOFF_TOKEN", args.handoff_token_file, "--handoff-token-file", handoff=True
     )
-    if AUTHORIZATION_PATTERN.fullmatch(f"Bearer {handoff_token}") is None:
-        raise UsageError("the handoff token must be 43 base64url characters (token_urlsafe(32))")
     request = handoff_request(
         protocol=args.protocol,
         schema_version=args.schema_version,
@@ -232,7 +234,7 @@ def _report(args: argparse.Namespace, status: dict[str, object]) -> int:
     if getattr(args, "json", False):
         sys.stdout.write(orjson.dumps(status).decode() + "\n")
     else:
-        print(summary(status))
+        print(printable(summary(status)))
     if state in _OK_STATES or (args.command == "rollback" and state == "rolled-back"):
         return EXIT_OK
     if state in ("draining", "pending"):
@@ -373,9 +375,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _fail(code: int, message: str) -> int:
-    line = " ".join(message.split())  # one line, whatever a server put in its detail
+    line = " ".join(printable(message).split())  # one line, whatever a server put in its detail
     print(f"forgezero-lifecycle: error: {line}", file=sys.stderr)
     return code
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal: whitespace becomes a space, other control and format
+    characters (escape sequences, bidirectional overrides) are dropped.
+
+    Server-supplied text (an error ``detail``, a ``failure``) passes through here before it is
+    printed, so a server cannot write to the operator's terminal.
+    """
+    return "".join(
+        " " if c.isspace() else c
+        for c in text
+        if c.isspace() or not unicodedata.category(c).startswith("C")
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

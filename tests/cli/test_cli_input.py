@@ -1,0 +1,139 @@
+"""What the CLI reads (token files, the environment) and what it prints of a server's text."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from forgezero_lifecycle.client import new_nonce
+
+from ._run import run
+from .conftest import CONTROL_TOKEN, REVISION_A, REVISION_B, free_port
+
+REVISIONS = ("--source-revision", REVISION_A, "--target-revision", REVISION_B)
+ESCAPES = "\x1b[2J\x1b]0;owned\x07\u202e\x9b31m"
+
+
+@pytest.fixture
+def closed_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def token_file(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
+    path = tmp_path / "token"
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_a_token_file_with_two_lines_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, closed_url: str
+) -> None:
+    """A newline inside the token is named as such (exit 2), not reported as unreachable."""
+    path = token_file(tmp_path, CONTROL_TOKEN + "\nsecond-line-of-the-file\n")
+    result = run(
+        capsys, "status", "--url", closed_url, "--nonce=" + new_nonce(), "--token-file", str(path)
+    )
+    assert result.code == 2, result
+    assert "more than one line" in result.err
+    assert "UNREACHABLE" not in result.err
+    assert "second-line" not in result.err
+
+
+def test_a_non_ascii_token_is_refused_without_leaking_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, closed_url: str
+) -> None:
+    """No character of a token a header cannot carry appears in the message."""
+    monkeypatch.setenv("FORGEZERO_CONTROL_TOKEN", "zzzzzzzzzzzzzzzzzzzzzzzzzzzzzé")
+    result = run(capsys, "status", "--url", closed_url, "--nonce=" + new_nonce())
+    assert result.code == 2, result
+    assert "é" not in result.err
+    assert "zzzz" not in result.err
+    assert "FORGEZERO_CONTROL_TOKEN" in result.err
+
+
+def test_a_token_file_others_can_read_is_warned_about(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, closed_url: str
+) -> None:
+    """Mode 0644 gets a warning naming chmod 600; mode 0600 gets none."""
+    shared = token_file(tmp_path, CONTROL_TOKEN + "\n", mode=0o644)
+    argv = ("drain", "--url", closed_url, *REVISIONS, "--retries", "0")
+    warned = run(capsys, *argv, "--token-file", str(shared))
+    assert "warning" in warned.err
+    assert "chmod 600" in warned.err
+    shared.chmod(0o600)
+    quiet = run(capsys, *argv, "--token-file", str(shared))
+    assert "warning" not in quiet.err
+    assert quiet.code == warned.code == 3
+
+
+@pytest.fixture
+def hostile_server() -> Iterator[str]:
+    """A loopback server whose error details and failure texts carry terminal escapes."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if "status" in self.path:
+                nonce = self.path.split("nonce=")[1]
+                body = {
+                    "protocol": "forgezero-drain/v1",
+                    "nonce": nonce,
+                    "sourceRevision": REVISION_A,
+                    "targetRevision": REVISION_B,
+                    "timeoutMs": 1000,
+                    "status": "failed",
+                    "inFlight": {"http": 0, "websocket": 0, "jobs": 0, "schedules": 0},
+                    "failure": "RUNTIME_DRAIN_TIMEOUT" + ESCAPES,
+                }
+                self._answer(200, body)
+            else:
+                self._answer(409, {"error": "RUNTIME_DRAIN_ALREADY_STARTED", "detail": ESCAPES})
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", "0")))
+            self._answer(409, {"error": "RUNTIME_DRAIN_ALREADY_STARTED", "detail": "x" + ESCAPES})
+
+        def _answer(self, status: int, body: object) -> None:
+            data = orjson.dumps(body)
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+@pytest.mark.usefixtures("tokens")
+def test_server_text_reaches_the_terminal_without_control_characters(
+    capsys: pytest.CaptureFixture[str], hostile_server: str
+) -> None:
+    """Escape sequences and bidi overrides in detail and failure are dropped before printing."""
+    refused = run(capsys, "drain", "--url", hostile_server, *REVISIONS)
+    failed = run(capsys, "status", "--url", hostile_server, "--nonce=" + new_nonce())
+    assert refused.code == failed.code == 1
+    assert "RUNTIME_DRAIN_ALREADY_STARTED" in refused.err
+    assert "failure=RUNTIME_DRAIN_TIMEOUT" in failed.out
+    for text in (refused.err, failed.out):
+        assert not any(c in text for c in "\x1b\x07\u202e\x9b")
+
+
+@pytest.fixture
+def tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORGEZERO_CONTROL_TOKEN", CONTROL_TOKEN)
