@@ -153,7 +153,7 @@ async def test_loopback_dev_mode_admits_loopback_clients_only() -> None:
     url = "/.forgezero/runtime/drain/v1/status"
     for client, expected in ((("127.0.0.1", 1), 404), (("10.0.0.8", 1), 401)):
         transport = httpx.ASGITransport(app=wrapped, client=client)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
             response = await http.get(url, params={"nonce": NONCE})
         assert response.status_code == expected
 

@@ -400,7 +400,7 @@ def _check_answer(example: Example, answer: Answer) -> tuple[str | None, bool]:
         return None, False
     key = path.rstrip("/") or path
     if key == paths.RUNTIME_READY_PATH and answer.status == 503:
-        assert answer.json() == {"ready": False, "status": "draining"}  # readiness, not an error
+        assert answer.json() == {"ready": False, "status": "drained"}  # the drain's own state
         assert example.pre == "drained"
         return key, False
     assert answer.status < 500, (answer.status, answer.body)

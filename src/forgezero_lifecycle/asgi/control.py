@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, final
@@ -46,6 +47,8 @@ logger = logging.getLogger("forgezero_lifecycle.control")
 
 MAX_CONTROL_BODY_BYTES: Final = 16 * 1024
 _LOOPBACK: Final = frozenset({"127.0.0.1", "::1"})
+_FORWARDING_HEADERS: Final = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-real-ip")
+_LOOPBACK_HOST: Final = re.compile(r"(?:localhost|127\.0\.0\.1|\[::1\])(?::[0-9]{1,5})?", re.I)
 
 
 def status_for(error: LifecycleError) -> int:
@@ -161,26 +164,33 @@ class ControlApp:
     def _authenticate(self, request: Request, kind: str) -> None:
         expected = self._tokens[kind]
         if expected is None:
-            client = request.client.host if request.client else ""
-            if self._loopback_only and client in _LOOPBACK:
+            if self._loopback_only:
+                _require_direct_loopback(request)
                 return
             raise Unauthorized(detail=f"no {kind} token is configured on this runtime")
         header = request.headers.get("authorization", "")
         scheme, _, presented = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.encode(), expected):
+        if scheme.lower() != "bearer" or not presented:
             raise Unauthorized(detail=f"send Authorization: Bearer <{kind} token>")
+        if not hmac.compare_digest(presented.encode(), expected):
+            raise Unauthorized(detail=f"the bearer token does not match this runtime's {kind} token")
 
     async def _drain_begin(self, request: Request) -> Response:
         accepted = self._drain.begin(await _json_body(request))
         return _json(accepted.model_dump(), 202)
 
     async def _drain_status(self, request: Request) -> Response:
-        status = self._drain.status(request.query_params.get("nonce"))
+        nonce = request.query_params.get("nonce")
+        if nonce is None:
+            raise DrainNotFound(detail="the nonce query parameter is required")
+        status = self._drain.status(nonce)
         return _json(status.model_dump(mode="json", exclude_none=True), 200)
 
     async def _drain_rollback(self, request: Request) -> Response:
         body = await _json_body(request)
         nonce = body.get("nonce") if isinstance(body, dict) else None
+        if nonce is None:
+            raise DrainNotFound(detail='the body must name the drain: {"nonce": "..."}')
         status = self._drain.rollback(nonce)
         return _json(status.model_dump(mode="json", exclude_none=True), 200)
 
@@ -206,7 +216,11 @@ class ControlApp:
         return _json(dict(accepted), 202)
 
     async def _state_status(self, request: Request) -> Response:
-        status = self._require_handoff().status(request.query_params.get("nonce"))
+        handoff = self._require_handoff()
+        nonce = request.query_params.get("nonce")
+        if nonce is None:
+            raise StateNotFound(detail="the nonce query parameter is required")
+        status = handoff.status(nonce)
         return _json(status.model_dump(mode="json", exclude_none=True), 200)
 
     async def _schedules_status(self, request: Request) -> Response:
@@ -215,7 +229,8 @@ class ControlApp:
     async def _ready(self, request: Request) -> Response:
         if self._is_ready():
             return _json({"ready": True}, 200)
-        return _json({"ready": False, "status": "draining"}, 503)
+        # The drain's own state: "draining" until it ends, then "drained" or "failed".
+        return _json({"ready": False, "status": self._drain.state or "draining"}, 503)
 
     async def _live(self, request: Request) -> Response:
         return _json({"live": True}, 200)
@@ -224,6 +239,33 @@ class ControlApp:
         if self._handoff is None:
             raise StateNotFound(detail="this runtime has no state adapter")
         return self._handoff
+
+
+def _require_direct_loopback(request: Request) -> None:
+    """``insecure_loopback_control``: a loopback client, talking to us directly, by a loopback name.
+
+    ``scope["client"]`` is what the server says the peer is, and a server trusting proxy headers
+    (uvicorn's ``ProxyHeadersMiddleware`` under ``FORWARDED_ALLOW_IPS``) rewrites it from
+    ``X-Forwarded-For``, so a request that names any forwarding header is refused: a direct
+    loopback client sends none, and one relayed by a proxy on this host is not local. The
+    ``Host`` must be a loopback name too, which a browser page reaching us through DNS
+    rebinding cannot send.
+    """
+    client = request.client.host if request.client else ""
+    if client not in _LOOPBACK:
+        raise Unauthorized(detail="no control token is configured: loopback clients only")
+    headers = request.headers
+    if any(name in headers for name in _FORWARDING_HEADERS):
+        raise Unauthorized(
+            detail="no control token is configured: a proxied request (X-Forwarded-For, "
+            "Forwarded, X-Real-IP) is not a loopback client"
+        )
+    host = headers.get("host", "")
+    if _LOOPBACK_HOST.fullmatch(host) is None:
+        raise Unauthorized(
+            detail="no control token is configured: the Host must be localhost, 127.0.0.1 or "
+            "[::1]"
+        )
 
 
 async def _json_body(request: Request) -> object:

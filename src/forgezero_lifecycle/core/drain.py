@@ -82,6 +82,20 @@ class DrainController:
         """True while a drain holds intake closed (draining, drained or failed)."""
         return self._request is not None and self._state != "rolled-back"
 
+    @property
+    def state(self) -> DrainState | None:
+        """The current drain's state, or None before the first drain."""
+        return None if self._request is None else self._state
+
+    def _conflict(self) -> str:
+        if self._state == "draining":
+            return "a drain with another nonce is running; poll it or roll it back"
+        ended = "drained" if self._state == "drained" else f"failed ({self._failure})"
+        return (
+            f"this generation's drain already ended {ended} and intake stays closed; roll that "
+            "drain back to serve again before beginning another"
+        )
+
     def begin(self, request: object) -> DrainAccepted:
         """Start draining, or acknowledge an exact retry of the running drain."""
         parsed = parse_drain_request(request)
@@ -93,10 +107,7 @@ class DrainController:
         if self.active:
             assert self._request is not None
             if not self._request.same_drain(parsed):
-                raise DrainConflict(
-                    "RUNTIME_DRAIN_ALREADY_STARTED",
-                    detail="a drain with another nonce is running; poll it or roll it back",
-                )
+                raise DrainConflict("RUNTIME_DRAIN_ALREADY_STARTED", detail=self._conflict())
             return DrainAccepted(duplicate=True)
         if parsed.nonce in self._retired_nonces:
             raise DrainConflict(
@@ -141,7 +152,11 @@ class DrainController:
         return self._state
 
     def _find(self, nonce: object) -> DrainRequest:
-        if self._request is None or not is_nonce(nonce) or nonce != self._request.nonce:
+        if nonce is None:
+            raise DrainNotFound(detail="the nonce is required")
+        if not is_nonce(nonce):
+            raise DrainNotFound(detail="the nonce must be 43 base64url characters")
+        if self._request is None or nonce != self._request.nonce:
             raise DrainNotFound(detail="no drain with this nonce")
         return self._request
 
