@@ -35,6 +35,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from ._errors import ConfigurationError, ControlUnreachable, RemoteError, error_for_code
+from ._tokens import check_handoff_token
 from .wire import paths
 from .wire.drain import DRAIN_PROTOCOL, DrainAccepted, DrainRequest, DrainStatus
 from .wire.handoff import StateEnvelope, StateHandoffRequest, StateHandoffStatus, StateSource
@@ -100,7 +101,12 @@ def handoff_request(
     handoff_token: str,
     nonce: str | None = None,
 ) -> StateHandoffRequest:
-    """A validated state handoff request: the new generation fetches ``source_url`` itself."""
+    """A validated state handoff request: the new generation fetches ``source_url`` itself.
+
+    A handoff token that is not 43 base64url characters raises :class:`ConfigurationError`
+    (``RUNTIME_CONFIG_INVALID``), which never shows the token.
+    """
+    check_handoff_token(handoff_token)
     return StateHandoffRequest(
         protocol=protocol,
         nonce=nonce or new_nonce(),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, Field, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from ._types import WIRE_CONFIG, Nonce, Revision, SafeInt, matching
 
@@ -66,10 +66,14 @@ SchemaVersion = Annotated[SafeInt, Field(ge=1, le=MAX_SCHEMA_VERSION)]
 StateStatusName = Literal["pending", "acknowledged", "failed"]
 
 
+#: Models that carry the handoff token: a validation error never shows the input it refused.
+_SECRET_CONFIG: Final = ConfigDict(**WIRE_CONFIG, hide_input_in_errors=True)
+
+
 class StateSource(BaseModel):
     """Where the new generation fetches the envelope: a loopback ``http`` URL and its token."""
 
-    model_config = WIRE_CONFIG
+    model_config = _SECRET_CONFIG
 
     url: StrictStr
     #: ``Bearer <token>``; kept out of ``repr`` so a logged request never shows the token.
@@ -79,7 +83,7 @@ class StateSource(BaseModel):
 class StateHandoffRequest(BaseModel):
     """Body of ``POST /.forgezero/runtime/state/v1/begin`` (``timeoutMs`` travels beside it)."""
 
-    model_config = WIRE_CONFIG
+    model_config = _SECRET_CONFIG
 
     protocol: HandoffText
     nonce: Nonce
