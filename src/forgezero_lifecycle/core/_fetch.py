@@ -37,11 +37,49 @@ __all__ = ["fetch_document", "parse_document"]
 
 _LENGTH: Final = re.compile(r"[0-9]+")
 _BOM: Final = b"\xef\xbb\xbf"
+#: What ``localhost`` is connected as, in this order.
+_LOCALHOST_LITERALS: Final = ("127.0.0.1", "::1")
 
 
-def loopback_transport() -> httpx.AsyncHTTPTransport:
-    """The transport of a handoff fetch: plain http to loopback, so no CA bundle is loaded."""
-    return httpx.AsyncHTTPTransport(verify=False)
+def loopback_transport() -> httpx.AsyncBaseTransport:
+    """The transport of a handoff fetch: plain http to loopback, so no CA bundle is loaded.
+
+    ``localhost`` is never looked up: the system resolver (``/etc/hosts``, NSS) could map it
+    anywhere, and the token would go there. It is connected as ``127.0.0.1``, then as
+    ``[::1]`` when nothing listens there; the request still says ``Host: localhost[:port]``.
+    """
+    return _LiteralLocalhost(httpx.AsyncHTTPTransport(verify=False))
+
+
+class _LiteralLocalhost(httpx.AsyncBaseTransport):
+    """Sends a request for ``localhost`` to the loopback literals, never through a resolver."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.host != "localhost":
+            return await self._inner.handle_async_request(request)
+        *first, last = _LOCALHOST_LITERALS
+        for literal in first:
+            try:
+                return await self._inner.handle_async_request(_to(request, literal))
+            except httpx.ConnectError:
+                pass  # not connected, so nothing was sent: try the next literal
+        return await self._inner.handle_async_request(_to(request, last))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _to(request: httpx.Request, literal: str) -> httpx.Request:
+    """``request`` sent to ``literal``; its headers (Host: localhost[:port]) stay as they are."""
+    return httpx.Request(
+        request.method,
+        request.url.copy_with(host=literal),
+        headers=request.headers,
+        stream=request.stream,
+    )
 
 
 async def fetch_document(
