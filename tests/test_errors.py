@@ -36,7 +36,11 @@ TREE = {
     "StateConflict": (
         "StateError",
         RuntimeError,
-        ("RUNTIME_STATE_ALREADY_STARTED", "RUNTIME_STATE_NOT_DRAINING"),
+        (
+            "RUNTIME_STATE_ALREADY_STARTED",
+            "RUNTIME_STATE_NOT_DRAINING",
+            "RUNTIME_STATE_REVISION_MISMATCH",
+        ),
     ),
     "StateNotFound": ("StateError", LookupError, ("RUNTIME_STATE_NOT_FOUND",)),
     "StateExportError": (

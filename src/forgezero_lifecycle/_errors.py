@@ -16,6 +16,7 @@ subclasses :class:`RuntimeError`, an unknown name subclasses :class:`LookupError
     │   ├── StateInputInvalid (ValueError)        RUNTIME_STATE_REQUEST_INVALID | _SOURCE_INVALID
     │   │                                         | _REVISION_INVALID | _VALUE_INVALID | _ADAPTER_INVALID
     │   ├── StateConflict (RuntimeError)          RUNTIME_STATE_ALREADY_STARTED | _NOT_DRAINING
+    │   │                                         | _REVISION_MISMATCH
     │   ├── StateNotFound (LookupError)           RUNTIME_STATE_NOT_FOUND
     │   ├── StateExportError (ValueError)         RUNTIME_STATE_EXPORT_INVALID | _EXPORT_TOO_LARGE
     │   └── StateTransferFailed (RuntimeError)    RUNTIME_STATE_SOURCE_HTTP_<status> | _SOURCE_TOO_LARGE
@@ -163,7 +164,11 @@ class StateInputInvalid(StateError, ValueError):
 
 
 class StateConflict(StateError, RuntimeError):
-    codes = ("RUNTIME_STATE_ALREADY_STARTED", "RUNTIME_STATE_NOT_DRAINING")
+    codes = (
+        "RUNTIME_STATE_ALREADY_STARTED",
+        "RUNTIME_STATE_NOT_DRAINING",
+        "RUNTIME_STATE_REVISION_MISMATCH",
+    )
 
 
 class StateNotFound(StateError, LookupError):

@@ -104,7 +104,9 @@ class Runtime:
         self.drain = DrainController(_Dependencies(self), revision=revision)
         self.handoff: StateHandoffController[Any] | None = None
         if state_adapter is not None:
-            self.handoff = StateHandoffController(state_adapter, clock=self._clock)
+            self.handoff = StateHandoffController(
+                state_adapter, clock=self._clock, revision=revision
+            )
         self.control = ControlApp(
             drain=self.drain,
             handoff=self.handoff,

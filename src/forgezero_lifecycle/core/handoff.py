@@ -99,7 +99,9 @@ class StateHandoffController(Generic[T]):
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         clock: Clock | None = None,
+        revision: str | None = None,
     ) -> None:
+        self._revision = revision
         self._codec: StateCodec[T] = cast("StateCodec[T]", StateCodec.of(adapter))
         self._adapter = adapter
         # One transport for the controller's lifetime, built now: the fetch is plain http to
@@ -136,6 +138,11 @@ class StateHandoffController(Generic[T]):
             raise StateInputInvalid("RUNTIME_STATE_REVISION_INVALID")
         if not isinstance(target_revision, str) or not is_revision(target_revision):
             raise StateInputInvalid("RUNTIME_STATE_REVISION_INVALID")
+        if self._revision is not None and source_revision != self._revision:
+            raise StateConflict(
+                "RUNTIME_STATE_REVISION_MISMATCH",
+                "sourceRevision is not the revision this generation runs",
+            )
         try:
             cursor, value = await self._adapter.export_state()
         except LifecycleError:
