@@ -22,11 +22,12 @@ Times (``run_after``, ``lease_until``) are Unix seconds on the store's clock: th
 from __future__ import annotations
 
 import hashlib
+import math
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, Protocol, TypeVar, final
+from typing import Any, Final, Generic, Literal, Protocol, TypeVar, final
 
 import orjson
 
@@ -48,6 +49,16 @@ JobState = Literal["queued", "leased", "done", "dead"]
 
 #: Longest ``last_error`` text a store keeps.
 MAX_ERROR_CHARS = 2000
+#: Enqueue limits, the same for every store (README "Durable fenced jobs").
+#: A payload's compact JSON: a job carries a reference to big data, not the data.
+MAX_PAYLOAD_BYTES: Final = 1_048_576
+#: An idempotency key's UTF-8 (PostgreSQL's unique index refuses entries past ~2700 bytes).
+MAX_IDEMPOTENCY_KEY_BYTES: Final = 1024
+MAX_QUEUE_NAME_BYTES: Final = 256
+#: Ten years: beyond it a delay is a mistake (``inf`` would park a job forever).
+MAX_DELAY_SECONDS: Final = 315_576_000
+#: PostgreSQL's ``integer`` column.
+MAX_ATTEMPTS: Final = 2**31 - 1
 
 
 @final
@@ -245,13 +256,61 @@ def exponential_backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0)
 
 
 def payload_json(payload: Mapping[str, Any]) -> str:
-    """The payload as compact JSON with sorted keys (what stores persist)."""
+    """The payload as compact JSON with sorted keys (what stores persist).
+
+    Only JSON data passes (see :func:`check_json_data`), at most :data:`MAX_PAYLOAD_BYTES`.
+    """
     if not isinstance(payload, Mapping):
         raise JobInvalid(detail=f"a job payload must be a mapping, not {type(payload).__name__}")
+    data = dict(payload)
+    check_json_data(data)
     try:
-        return orjson.dumps(dict(payload), option=orjson.OPT_SORT_KEYS).decode()
+        text = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError as error:
         raise JobInvalid(detail=f"a job payload must be JSON data: {error}") from None
+    if len(text) > MAX_PAYLOAD_BYTES:
+        raise JobInvalid(
+            detail=f"a job payload is at most {MAX_PAYLOAD_BYTES} bytes of JSON, got {len(text)}; "
+            "store large data elsewhere and enqueue a reference to it"
+        )
+    return text.decode()
+
+
+def check_json_data(data: object) -> None:
+    """Refuse what JSON cannot carry exactly, or one of the stores cannot keep.
+
+    JSON data is ``dict`` (``str`` keys), ``list``/``tuple``, ``str``, ``int``, finite
+    ``float``, ``bool`` and ``None``. Refused, before anything is written: ``NaN`` and
+    ``Infinity`` (JSON has no such numbers, orjson would write ``null``), every other type
+    (``datetime``, ``UUID``, dataclasses, ``Decimal``, ``bytes``, sets... which a serialiser
+    would silently turn into something else) and strings with NUL (PostgreSQL's ``jsonb`` cannot
+    hold ``\\u0000``). Lone surrogates and integers beyond 64 bits are refused by the encoder.
+    """
+    pending: list[tuple[object, str]] = [(data, "payload")]
+    while pending:
+        value, where = pending.pop()
+        if value is None or isinstance(value, bool | int):
+            continue
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise JobInvalid(detail=f"{where} holds a NUL character, which jobs cannot store")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise JobInvalid(detail=f"{where} is {value!r}, which JSON cannot carry")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise JobInvalid(detail=f"{where} has a {type(key).__name__} key; JSON keys are str")
+                if "\x00" in key:
+                    raise JobInvalid(detail=f"{where} has a key with a NUL character")
+                pending.append((item, f"{where}[{key[:40]!r}]"))
+        elif isinstance(value, list | tuple):
+            pending.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
+        else:
+            raise JobInvalid(
+                detail=f"{where} is a {type(value).__name__}, not JSON data; convert it first "
+                "(str(uuid), datetime.isoformat(), dataclasses.asdict(...))"
+            )
 
 
 def payload_hash(queue: str, payload_text: str) -> str:
@@ -286,8 +345,15 @@ def prepare_enqueue(
     delay: float,
     max_attempts: int,
 ) -> Enqueue:
-    """What every store does first: refuse bad arguments (JobInvalid), encode and hash."""
+    """What every store does first: refuse bad arguments (JobInvalid), encode and hash.
+
+    The checks are the same for every store, so a deterministic input error is always
+    ``JOB_INVALID`` and never reaches a database (where it could look like
+    ``JOB_STORE_UNAVAILABLE``, a retryable error).
+    """
     check_enqueue(queue, delay, max_attempts)
+    if idempotency_key is not None:
+        _check_text(idempotency_key, "idempotency_key", MAX_IDEMPOTENCY_KEY_BYTES)
     text = payload_json(payload)
     return Enqueue(
         payload_text=text,
@@ -300,10 +366,32 @@ def check_enqueue(queue: str, delay: float, max_attempts: int) -> None:
     """Reject malformed enqueue arguments before touching the store."""
     if not isinstance(queue, str) or not queue:
         raise JobInvalid(detail="a job needs a non-empty queue (handler) name")
-    if not delay >= 0:
-        raise JobInvalid(detail=f"delay must be >= 0 seconds, got {delay!r}")
-    if max_attempts < 1:
-        raise JobInvalid(detail=f"max_attempts must be >= 1, got {max_attempts!r}")
+    _check_text(queue, "the queue name", MAX_QUEUE_NAME_BYTES)
+    if isinstance(delay, bool) or not isinstance(delay, int | float):
+        raise JobInvalid(detail=f"delay must be a number of seconds, not {type(delay).__name__}")
+    if not 0 <= delay <= MAX_DELAY_SECONDS:
+        raise JobInvalid(
+            detail=f"delay must be between 0 and {MAX_DELAY_SECONDS} seconds (10 years), "
+            f"got {delay!r}"
+        )
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+        raise JobInvalid(detail=f"max_attempts must be an int, not {type(max_attempts).__name__}")
+    if not 1 <= max_attempts <= MAX_ATTEMPTS:
+        raise JobInvalid(detail=f"max_attempts must be 1 to {MAX_ATTEMPTS}, got {max_attempts!r}")
+
+
+def _check_text(text: object, what: str, limit: int) -> None:
+    """A name or key every store can index: a str, valid UTF-8, no NUL, at most ``limit`` bytes."""
+    if not isinstance(text, str) or not text:
+        raise JobInvalid(detail=f"{what} must be a non-empty str")
+    if "\x00" in text:
+        raise JobInvalid(detail=f"{what} holds a NUL character")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise JobInvalid(detail=f"{what} holds a lone surrogate (not valid Unicode text)") from None
+    if size > limit:
+        raise JobInvalid(detail=f"{what} is at most {limit} bytes of UTF-8, got {size}")
 
 
 def error_text(error: str) -> str:
