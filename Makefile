@@ -5,9 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 # The PostgreSQL rows of `make bench` (and the procrastinate peer, when installed) use this.
-export FORGEZERO_BENCH_POSTGRES_DSN ?= postgresql://postgres@127.0.0.1:5432/test
+LOCAL_POSTGRES_DSN := postgresql://postgres@127.0.0.1:5432/test
+export FORGEZERO_BENCH_POSTGRES_DSN ?= $(LOCAL_POSTGRES_DSN)
+# `make test` runs the PostgreSQL tests against FORGEZERO_TEST_POSTGRES_DSN, or, when it is unset,
+# against the local server if one answers at LOCAL_POSTGRES_DSN; otherwise they skip, saying so.
+PG_ANSWERS = $(BIN)/python -c 'import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=3).close()'
+TEST_POSTGRES_DSN = $(or $(FORGEZERO_TEST_POSTGRES_DSN),$(shell $(PG_ANSWERS) '$(LOCAL_POSTGRES_DSN)' >/dev/null 2>&1 && echo '$(LOCAL_POSTGRES_DSN)'))
 
-.PHONY: install test lint format bench bench-quick demo run soak clean
+.PHONY: install test test-postgres-dsn lint format bench bench-quick demo run soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,9 +24,15 @@ install: $(STAMP)
 
 test: $(STAMP)
 	rm -f .coverage .coverage.*
-	$(BIN)/coverage run -m pytest $(PYTEST_ARGS)
+	$(eval DSN := $(TEST_POSTGRES_DSN))
+	@echo "PostgreSQL tests: $(or $(DSN),skipped: nothing answers at $(LOCAL_POSTGRES_DSN) and FORGEZERO_TEST_POSTGRES_DSN is unset)"
+	FORGEZERO_TEST_POSTGRES_DSN='$(DSN)' $(BIN)/coverage run -m pytest $(PYTEST_ARGS)
 	$(BIN)/coverage combine --quiet
 	$(BIN)/coverage report
+
+# The DSN `make test` gives the PostgreSQL tests (empty: they skip).
+test-postgres-dsn:
+	@echo '$(TEST_POSTGRES_DSN)'
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
