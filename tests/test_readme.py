@@ -39,7 +39,11 @@ def test_one_name_for_the_revision_variable_everywhere() -> None:
     """FORGEZERO_REVISION, the name serve exports, in the README and every example."""
     assert 'os.environ["FORGEZERO_REVISION"]' in QUICK_START
     texts = {"README.md": README}
-    for path in [*ROOT.glob("examples/**/*.md"), *ROOT.glob("examples/**/*.py"), ROOT / "examples/run.sh"]:
+    for path in [
+        *ROOT.glob("examples/**/*.md"),
+        *ROOT.glob("examples/**/*.py"),
+        ROOT / "examples/run.sh",
+    ]:
         texts[str(path.relative_to(ROOT))] = path.read_text()
     for name, text in texts.items():
         assert re.search(r"\$\{?REVISION\b|environ\[\"REVISION\"\]|\$REV\b", text) is None, name
@@ -59,7 +63,12 @@ def test_make_test_uses_the_local_postgres_when_one_answers() -> None:
     env = {k: v for k, v in os.environ.items() if k != "FORGEZERO_TEST_POSTGRES_DSN"}
     env.pop("MAKEFLAGS", None)
     shown = subprocess.run(
-        ["make", "-s", "test-postgres-dsn"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        ["make", "-s", "test-postgres-dsn"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.strip() == (LOCAL_DSN if _local_postgres_answers() else "")

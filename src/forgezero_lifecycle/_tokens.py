@@ -43,13 +43,15 @@ _B64TOKEN: Final = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 #: The only handoff token ``source.authorization`` can carry (``Bearer <43 base64url>``).
 HANDOFF_TOKEN_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{43}")
 GENERATE_HINT: Final = (
-    "generate one with: python -c \"import secrets; print(secrets.token_urlsafe(32))\""
+    'generate one with: python -c "import secrets; print(secrets.token_urlsafe(32))"'
 )
 _PLACEHOLDER: Final = "REPLACE"
 
 
 def _placeholder(name: str) -> ConfigurationError:
-    return ConfigurationError(detail=f"{name} is still a placeholder from an example; {GENERATE_HINT}")
+    return ConfigurationError(
+        detail=f"{name} is still a placeholder from an example; {GENERATE_HINT}"
+    )
 
 
 def check_control_token(token: str, name: str = "control_token") -> None:

@@ -28,7 +28,9 @@ async def export(runtime: Runtime, source_revision: str) -> httpx.Response:
             "timeoutMs": 5000,
         }
         control = {"authorization": f"Bearer {CONTROL_TOKEN}"}
-        assert (await http.post(paths.RUNTIME_DRAIN_BEGIN_PATH, json=begin, headers=control)).is_success
+        assert (
+            await http.post(paths.RUNTIME_DRAIN_BEGIN_PATH, json=begin, headers=control)
+        ).is_success
         return await http.get(
             paths.RUNTIME_STATE_EXPORT_PATH,
             params={"sourceRevision": source_revision, "targetRevision": TARGET},

@@ -173,7 +173,9 @@ class ControlApp:
         if scheme.lower() != "bearer" or not presented:
             raise Unauthorized(detail=f"send Authorization: Bearer <{kind} token>")
         if not hmac.compare_digest(presented.encode(), expected):
-            raise Unauthorized(detail=f"the bearer token does not match this runtime's {kind} token")
+            raise Unauthorized(
+                detail=f"the bearer token does not match this runtime's {kind} token"
+            )
 
     async def _drain_begin(self, request: Request) -> Response:
         accepted = self._drain.begin(await _json_body(request))
@@ -263,8 +265,7 @@ def _require_direct_loopback(request: Request) -> None:
     host = headers.get("host", "")
     if _LOOPBACK_HOST.fullmatch(host) is None:
         raise Unauthorized(
-            detail="no control token is configured: the Host must be localhost, 127.0.0.1 or "
-            "[::1]"
+            detail="no control token is configured: the Host must be localhost, 127.0.0.1 or [::1]"
         )
 
 

@@ -300,7 +300,9 @@ def check_json_data(data: object) -> None:
         elif isinstance(value, dict):
             for key, item in value.items():
                 if not isinstance(key, str):
-                    raise JobInvalid(detail=f"{where} has a {type(key).__name__} key; JSON keys are str")
+                    raise JobInvalid(
+                        detail=f"{where} has a {type(key).__name__} key; JSON keys are str"
+                    )
                 if "\x00" in key:
                     raise JobInvalid(detail=f"{where} has a key with a NUL character")
                 pending.append((item, f"{where}[{key[:40]!r}]"))
