@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -159,3 +160,16 @@ def test_following_a_drain_honours_the_drain_timeout(
     served.signal(signal.SIGTERM)
     assert served.wait_exit() == 1
     assert "serve.follow_timeout" in served.log()
+
+
+def test_serve_reads_a_token_file_by_the_same_rules_as_the_other_commands(
+    tmp_path: Path,
+) -> None:
+    """A token file of two lines is named as such, never echoed, and nothing starts."""
+    token_file = tmp_path / "token"
+    token_file.write_text(CONTROL_TOKEN + "\nsecond-line\n")
+    token_file.chmod(0o600)
+    result = _serve_once("tests.cli.apps:plain", "--token-file", str(token_file))
+    assert result.returncode == 2
+    assert "holds more than one line" in result.stderr
+    assert CONTROL_TOKEN not in result.stderr

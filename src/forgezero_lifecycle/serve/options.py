@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, final
 
+from .._tokens import read_token
 from ..wire._types import is_revision
 
 __all__ = ["ServeOptions", "add_arguments", "options_from_args", "parse_duration", "parse_revision"]
@@ -132,8 +132,13 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         not_ready_grace=args.not_ready_grace,
         stream_grace=args.stream_grace,
         first_byte_grace=args.first_byte_grace,
-        control_token=_token("FORGEZERO_CONTROL_TOKEN", args.token_file),
-        handoff_token=_token("FORGEZERO_HANDOFF_TOKEN", args.handoff_token_file),
+        control_token=read_token("FORGEZERO_CONTROL_TOKEN", args.token_file, flag="--token-file"),
+        handoff_token=read_token(
+            "FORGEZERO_HANDOFF_TOKEN",
+            args.handoff_token_file,
+            flag="--handoff-token-file",
+            handoff=True,
+        ),
         insecure_loopback_control=args.insecure_loopback_control,
         http=args.http,
         ws=args.ws,
@@ -142,8 +147,3 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         access_log=not args.no_access_log,
         app_dir=args.app_dir,
     )
-
-
-def _token(env: str, path: Path | None) -> str | None:
-    text = os.environ.get(env, "") if path is None else path.read_text()
-    return text.strip() or None
