@@ -22,6 +22,11 @@ TREE = {
         RuntimeError,
         ("RUNTIME_DRAIN_FAILED", "RUNTIME_DRAIN_TIMEOUT", "RUNTIME_DRAIN_NOT_IDLE"),
     ),
+    "ConnectionClosedByDrain": (
+        "DrainError",
+        OSError,
+        ("RUNTIME_DRAIN_CONNECTION_CLOSED", "RUNTIME_DRAIN_CONNECTION_ABANDONED"),
+    ),
     "StateInputInvalid": (
         "StateError",
         ValueError,

@@ -199,3 +199,43 @@ async def test_serve_finds_the_runtime_of_an_installed_or_wrapped_app() -> None:
     runtime.install(app)
     assert find_runtime(app) is runtime
     assert find_runtime(bare) is None
+
+
+async def test_a_stream_whose_client_never_reads_is_abandoned_before_the_deadline() -> None:
+    """A response blocked by a client that does not read is given up at the release margin, so
+    the drain ends drained inside its deadline, and a later drain after rollback is not stuck."""
+    from forgezero_lifecycle.testing import ASGIRecorder
+
+    clock = ManualClock()
+    runtime = Runtime(control_token=TOKEN, clock=clock, stream_grace=0.2)
+    never = asyncio.Event()
+
+    async def stalled_send(message: Any) -> None:
+        if message.get("more_body") is False or runtime.gate.draining:
+            await never.wait()  # the server's flow control: the client reads nothing
+
+    async def stream(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"x", "more_body": True})
+        await receive()  # http.disconnect at the notice
+
+    app = runtime.wrap(stream)
+    recorder = ASGIRecorder({"type": "http.request", "body": b""})
+    scope = {"type": "http", "path": "/s", "root_path": "", "method": "GET", "headers": []}
+    call = asyncio.ensure_future(app(scope, recorder.receive, stalled_send))
+    await settle()
+    assert runtime.counters().http == 1
+    runtime.drain.begin(drain_request(timeout_ms=1000))
+    await clock.advance(0.5)
+    assert runtime.drain.status(NONCE).status == "draining"  # the notice came, the send blocks
+    await clock.advance(0.45)  # past 1 s minus the 0.1 s release margin, before the deadline
+    assert call.done()
+    await call
+    status = runtime.drain.status(NONCE)
+    assert (status.status, status.in_flight.http) == ("drained", 0)
+
+    runtime.drain.rollback(NONCE)
+    assert not runtime.gate.cutoff.is_set()
+    runtime.drain.begin(drain_request(timeout_ms=1000, nonce="S" * 43))
+    assert await runtime.drain.wait() == "drained"

@@ -25,6 +25,7 @@ from ._clock import Clock as Clock
 from ._clock import SystemClock as SystemClock
 from ._errors import BodyTooLarge as BodyTooLarge
 from ._errors import ConfigurationError as ConfigurationError
+from ._errors import ConnectionClosedByDrain as ConnectionClosedByDrain
 from ._errors import ContentTypeInvalid as ContentTypeInvalid
 from ._errors import ControlError as ControlError
 from ._errors import ControlPathNotFound as ControlPathNotFound
@@ -127,6 +128,7 @@ __all__ = [
     "BodyTooLarge",
     "Clock",
     "ConfigurationError",
+    "ConnectionClosedByDrain",
     "ContentTypeInvalid",
     "ControlApp",
     "ControlClient",

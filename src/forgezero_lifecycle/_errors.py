@@ -11,7 +11,8 @@ subclasses :class:`RuntimeError`, an unknown name subclasses :class:`LookupError
     │   ├── DrainConflict (RuntimeError)          RUNTIME_DRAIN_ALREADY_STARTED | _REVISION_MISMATCH
     │   ├── DrainNotFound (LookupError)           RUNTIME_DRAIN_NOT_FOUND
     │   ├── DrainCountersInvalid (ValueError)     RUNTIME_DRAIN_COUNTERS_INVALID
-    │   └── DrainFailed (RuntimeError)            RUNTIME_DRAIN_TIMEOUT | _NOT_IDLE | _FAILED
+    │   ├── DrainFailed (RuntimeError)            RUNTIME_DRAIN_TIMEOUT | _NOT_IDLE | _FAILED
+    │   └── ConnectionClosedByDrain (OSError)     RUNTIME_DRAIN_CONNECTION_CLOSED | _ABANDONED
     ├── StateError
     │   ├── StateInputInvalid (ValueError)        RUNTIME_STATE_REQUEST_INVALID | _SOURCE_INVALID
     │   │                                         | _REVISION_INVALID | _VALUE_INVALID | _ADAPTER_INVALID
@@ -57,6 +58,7 @@ from typing import ClassVar
 __all__ = [
     "BodyTooLarge",
     "ConfigurationError",
+    "ConnectionClosedByDrain",
     "ContentTypeInvalid",
     "ControlError",
     "ControlPathNotFound",
@@ -147,6 +149,20 @@ class DrainCountersInvalid(DrainError, ValueError):
 
 class DrainFailed(DrainError, RuntimeError):
     codes = ("RUNTIME_DRAIN_FAILED", "RUNTIME_DRAIN_TIMEOUT", "RUNTIME_DRAIN_NOT_IDLE")
+
+
+class ConnectionClosedByDrain(DrainError, OSError):
+    """An app's ``send`` on a connection the drain has ended (raised by the in-flight middleware).
+
+    The ASGI spec's rule for a send on a closed connection: an :class:`OSError` subclass, which
+    Starlette turns into ``WebSocketDisconnect`` (or ``ClientDisconnect`` for a response).
+
+    * ``RUNTIME_DRAIN_CONNECTION_CLOSED``: the stream notice closed this WebSocket (code 1012);
+    * ``RUNTIME_DRAIN_CONNECTION_ABANDONED``: a send was still blocked by a client that does not
+      read when the drain's release margin came, so the drain gave up on the connection.
+    """
+
+    codes = ("RUNTIME_DRAIN_CONNECTION_CLOSED", "RUNTIME_DRAIN_CONNECTION_ABANDONED")
 
 
 class StateError(LifecycleError):

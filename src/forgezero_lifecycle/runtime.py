@@ -14,7 +14,9 @@ A drain with ``timeoutMs = T`` runs, all inside T (DESIGN.md §3):
 4. admitted work runs on, responses carry ``Connection: close``;
 5. after ``stream_grace`` (at most half of what is left of T) WebSockets get close 1012 and
    streaming responses get ``http.disconnect``;
-6. participants drain; durable jobs still running near the deadline are released, fenced;
+6. participants drain; durable jobs still running near the deadline are released, fenced; at
+   the same release margin the gate's cutoff gives up on sends still blocked by clients that do
+   not read, so their connections are abandoned and counted out before T;
 7. drained when every counter is 0, failed otherwise. Rollback reopens everything.
 
 The library reads no environment variables; the CLI maps them to these arguments.
@@ -204,21 +206,31 @@ class Runtime:
     def _remaining(self) -> float:
         return max(0.0, self._timeout - (self._clock.monotonic() - self._began_at))
 
+    def _release_margin(self) -> float:
+        return min(_RELEASE_MARGIN_MAX, self._timeout * _RELEASE_MARGIN_SHARE)
+
     async def _wait_for_requests(self) -> None:
         await self._closed.wait()
         notice_after = min(self._stream_grace, self._remaining() / 2)
-        if not await _first(self.gate.wait_idle(), self._clock.sleep(notice_after)):
-            logger.info("drain.stream_notice in_flight=%s", self.gate.counters())
-            self.gate.end_streams()
-            await self.gate.wait_idle()
+        if await _first(self.gate.wait_idle(), self._clock.sleep(notice_after)):
+            return
+        logger.info("drain.stream_notice in_flight=%s", self.gate.counters())
+        self.gate.end_streams()
+        cutoff_after = max(0.0, self._remaining() - self._release_margin())
+        if await _first(self.gate.wait_idle(), self._clock.sleep(cutoff_after)):
+            return
+        # The same margin as durable jobs: sends still blocked by clients that do not read are
+        # given up now, so those connections are counted out before the deadline.
+        logger.warning("drain.cutoff in_flight=%s", self.gate.counters())
+        self.gate.cut_off()
+        await self.gate.wait_idle()
 
     def _set_deadline(self, timeout_ms: int) -> None:
         self._timeout = timeout_ms / 1000
 
     async def _stop_jobs(self) -> None:
         await self._closed.wait()
-        margin = min(_RELEASE_MARGIN_MAX, self._timeout * _RELEASE_MARGIN_SHARE)
-        budget = max(0.0, self._remaining() - margin)
+        budget = max(0.0, self._remaining() - self._release_margin())
         await asyncio.gather(*(p.drain(budget) for p in self._participants))
 
     def _resume(self) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
 
+from forgezero_lifecycle import ConnectionClosedByDrain
 from forgezero_lifecycle.asgi.middleware import InFlightMiddleware
 from forgezero_lifecycle.core.gate import IntakeGate
 from forgezero_lifecycle.testing import ASGIRecorder, settle
@@ -169,16 +171,22 @@ async def test_request_body_is_read_normally_during_a_drain() -> None:
     assert bodies == [b"a", b"b"]
 
 
-async def test_websocket_is_closed_with_1012_at_the_notice_and_later_sends_dropped() -> None:
-    """An open WebSocket is closed 1012 'draining'; the app's sends after that are dropped."""
+async def test_websocket_is_closed_with_1012_at_the_notice_and_later_sends_raise() -> None:
+    """An open WebSocket is closed 1012 'draining'; an app send after that raises an OSError
+    (the ASGI rule for a send on a closed connection) and never reaches the server."""
     gate = IntakeGate()
     closed_by_server = asyncio.Event()
+    raised: list[BaseException] = []
 
     async def app(scope: Message, receive: Any, send: Any) -> None:
         await receive()
         await send({"type": "websocket.accept"})
         await closed_by_server.wait()
-        await send({"type": "websocket.send", "text": "late"})
+        try:
+            await send({"type": "websocket.send", "text": "late"})
+        except OSError as error:
+            raised.append(error)
+        await send({"type": "websocket.close", "code": 1000})  # a cleanup close is harmless
 
     recorder = ASGIRecorder({"type": "websocket.connect"})
     middleware = InFlightMiddleware(app, gate=gate, websocket_close_code=1012)
@@ -194,6 +202,239 @@ async def test_websocket_is_closed_with_1012_at_the_notice_and_later_sends_dropp
         {"type": "websocket.accept"},
         {"type": "websocket.close", "code": 1012, "reason": "draining"},
     ]
+    (error,) = raised
+    assert isinstance(error, ConnectionClosedByDrain)
+    assert error.code == "RUNTIME_DRAIN_CONNECTION_CLOSED"
+    assert gate.counters()["websocket"] == 0
+
+
+async def test_push_only_websocket_ends_once_the_drain_closed_it() -> None:
+    """A handler that only sends and never calls receive() learns of the drain's close from its
+    next send, so it returns and its count is released; its unhandled error stays inside."""
+    gate = IntakeGate()
+    ticks: asyncio.Queue[str] = asyncio.Queue()
+
+    async def pusher(scope: Message, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+        while True:  # no try/except: the error must not escape into the server
+            await send({"type": "websocket.send", "text": await ticks.get()})
+
+    recorder = ASGIRecorder({"type": "websocket.connect"})
+    call = asyncio.ensure_future(
+        InFlightMiddleware(pusher, gate=gate)(ws_scope(), recorder.receive, recorder.send)
+    )
+    ticks.put_nowait("one")
+    await settle()
+    gate.close()
+    gate.end_streams()
+    await settle()
+    ticks.put_nowait("two")
+    await settle()
+    assert call.done()
+    await call
+    assert [m["type"] for m in recorder.sent] == [
+        "websocket.accept",
+        "websocket.send",
+        "websocket.close",
+    ]
+    assert gate.counters()["websocket"] == 0
+
+
+async def test_websocket_denial_in_several_body_parts_is_sent_whole() -> None:
+    """A denial response sent as several websocket.http.response.body parts reaches the server
+    part by part; only the last part (more_body false) ends the session."""
+    gate = IntakeGate()
+
+    async def deny(scope: Message, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.http.response.start", "status": 403, "headers": []})
+        await send({"type": "websocket.http.response.body", "body": b"go ", "more_body": True})
+        await send({"type": "websocket.http.response.body", "body": b"away"})
+
+    recorder = ASGIRecorder({"type": "websocket.connect"})
+    scope = ws_scope({"websocket.http.response": {}})
+    await InFlightMiddleware(deny, gate=gate)(scope, recorder.receive, recorder.send)
+    assert [m.get("body") for m in recorder.sent] == [None, b"go ", b"away"]
+    assert gate.counters()["websocket"] == 0
+
+
+async def test_notice_during_a_denial_response_does_not_close_it() -> None:
+    """The drain never sends websocket.close into a denial the app is still sending."""
+    gate = IntakeGate()
+    rest = asyncio.Event()
+
+    async def deny(scope: Message, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.http.response.start", "status": 403, "headers": []})
+        await send({"type": "websocket.http.response.body", "body": b"go ", "more_body": True})
+        await rest.wait()
+        await send({"type": "websocket.http.response.body", "body": b"away"})
+
+    recorder = ASGIRecorder({"type": "websocket.connect"})
+    scope = ws_scope({"websocket.http.response": {}})
+    call = asyncio.ensure_future(
+        InFlightMiddleware(deny, gate=gate)(scope, recorder.receive, recorder.send)
+    )
+    await settle()
+    gate.close()
+    gate.end_streams()
+    await settle()
+    rest.set()
+    await call
+    assert [m["type"] for m in recorder.sent] == [
+        "websocket.http.response.start",
+        "websocket.http.response.body",
+        "websocket.http.response.body",
+    ]
+
+
+class StalledClient:
+    """A recording send that blocks, like a server's flow control, once ``stall()`` is called:
+    the client has stopped reading and the server's write buffer is full."""
+
+    def __init__(self, recorder: ASGIRecorder) -> None:
+        self.recorder = recorder
+        self.stalled = False
+        self.blocked = 0
+        self._never = asyncio.Event()
+
+    def stall(self) -> None:
+        self.stalled = True
+
+    async def send(self, message: Message) -> None:
+        if self.stalled:
+            self.blocked += 1
+            await self._never.wait()  # cancelled when the middleware gives the send up
+        await self.recorder.send(message)
+
+
+async def test_last_chunk_blocked_by_a_client_that_never_reads_is_given_up_at_the_cutoff(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The middleware's own clean last chunk, blocked by a stalled client, is abandoned at the
+    cutoff: the call returns (the server then closes the connection) and the count is released."""
+    gate = IntakeGate()
+
+    async def streaming(scope: Message, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"part", "more_body": True})
+        await receive()  # the notice's http.disconnect
+
+    recorder = ASGIRecorder({"type": "http.request", "body": b""})
+    client = StalledClient(recorder)
+    call = asyncio.ensure_future(
+        InFlightMiddleware(streaming, gate=gate)(http_scope(), recorder.receive, client.send)
+    )
+    await settle()
+    client.stall()
+    gate.close()
+    gate.end_streams()
+    await settle()
+    assert client.blocked == 1
+    assert not call.done()
+    assert gate.counters()["http"] == 1
+    with caplog.at_level(logging.WARNING, logger="forgezero_lifecycle.middleware"):
+        gate.cut_off()
+        await settle()
+    assert call.done()
+    await call
+    assert gate.counters()["http"] == 0
+    assert recorder.sent[-1] == {"type": "http.response.body", "body": b"part", "more_body": True}
+    assert [r.getMessage() for r in caplog.records] == ["drain.connection_abandoned kind=http"]
+
+
+async def test_app_send_blocked_during_a_drain_raises_an_oserror_at_the_cutoff() -> None:
+    """An app send made while draining and still blocked at the cutoff raises
+    ConnectionClosedByDrain (an OSError); later sends raise at once without reaching the server."""
+    gate = IntakeGate()
+    raised: list[BaseException] = []
+    recorder = ASGIRecorder({"type": "http.request", "body": b""})
+    client = StalledClient(recorder)
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        client.stall()
+        gate.begin_draining()
+        for _ in range(2):
+            try:
+                await send({"type": "http.response.body", "body": b"x", "more_body": True})
+            except OSError as error:
+                raised.append(error)
+
+    call = asyncio.ensure_future(
+        InFlightMiddleware(app, gate=gate)(http_scope(), recorder.receive, client.send)
+    )
+    await settle()
+    assert not call.done()
+    gate.cut_off()
+    await settle()
+    await call
+    assert [type(e) for e in raised] == [ConnectionClosedByDrain, ConnectionClosedByDrain]
+    assert raised[0].code == "RUNTIME_DRAIN_CONNECTION_ABANDONED"  # type: ignore[attr-defined]
+    assert client.blocked == 1
+    assert gate.counters()["http"] == 0
+
+
+async def test_a_send_that_does_not_block_still_goes_out_after_the_cutoff() -> None:
+    """The cutoff gives up only on sends that are blocked: a reading client gets its bytes."""
+    gate = IntakeGate()
+    gate.begin_draining()
+    gate.cut_off()
+    recorder = ASGIRecorder({"type": "http.request", "body": b""})
+    await InFlightMiddleware(ok_app, gate=gate)(http_scope(), recorder.receive, recorder.send)
+    assert [m["type"] for m in recorder.sent] == ["http.response.start", "http.response.body"]
+    assert recorder.sent[1]["body"] == b"ok"
+    assert gate.counters()["http"] == 0
+
+
+async def test_push_only_websocket_blocked_by_a_client_that_never_reads_is_abandoned() -> None:
+    """A WebSocket send blocked by a stalled client is given up at the cutoff; the drain's own
+    close is not attempted behind it, and the count is released."""
+    gate = IntakeGate()
+    recorder = ASGIRecorder({"type": "websocket.connect"})
+    client = StalledClient(recorder)
+    raised: list[BaseException] = []
+
+    async def pusher(scope: Message, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+        client.stall()
+        gate.close()
+        try:
+            await send({"type": "websocket.send", "text": "tick"})
+        except OSError as error:
+            raised.append(error)
+
+    call = asyncio.ensure_future(
+        InFlightMiddleware(pusher, gate=gate)(ws_scope(), recorder.receive, client.send)
+    )
+    await settle()
+    gate.end_streams()
+    await settle()
+    assert not call.done()
+    gate.cut_off()
+    await settle()
+    await call
+    assert [getattr(e, "code", None) for e in raised] == ["RUNTIME_DRAIN_CONNECTION_ABANDONED"]
+    assert recorder.sent == [{"type": "websocket.accept"}]
+    assert gate.counters()["websocket"] == 0
+
+
+async def test_an_app_error_unrelated_to_the_drain_still_propagates() -> None:
+    """Only what the drain's own ConnectionClosedByDrain caused is kept from the server."""
+    gate = IntakeGate()
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+        raise OSError("the app's own failure")
+
+    recorder = ASGIRecorder({"type": "websocket.connect"})
+    with pytest.raises(OSError, match="own failure"):
+        await InFlightMiddleware(app, gate=gate)(ws_scope(), recorder.receive, recorder.send)
     assert gate.counters()["websocket"] == 0
 
 

@@ -14,7 +14,15 @@ Per connection, by ``scope["type"]``:
 * ``websocket``: admitted and counted, or refused before accept (503 denial response when the
   server offers ``websocket.http.response``, else close 1013). Once the stream grace is over an
   open session is closed with 1012 (configurable) and reason ``draining``; the server then
-  delivers ``websocket.disconnect`` to the app, and app sends after that are dropped.
+  delivers ``websocket.disconnect`` to the app, and an app send after that raises
+  :class:`~forgezero_lifecycle.ConnectionClosedByDrain` (an ``OSError``, as the ASGI spec wants
+  for a send on a closed connection), so a handler that only sends ends too.
+
+Every send made while draining is bounded by the gate's ``cutoff`` (set by the runtime at the
+drain's release margin): a send still blocked then by a client that does not read is given up,
+raises ``ConnectionClosedByDrain`` (``RUNTIME_DRAIN_CONNECTION_ABANDONED``) and the connection is
+abandoned: the middleware returns, the server closes it, and the count is released in time.
+What the app raises because of the drain's own ``ConnectionClosedByDrain`` is not passed on.
 
 No per-request state lives on ``self``; everything per request is a local or a closure.
 """
@@ -22,9 +30,11 @@ No per-request state lives on ``self``; everything per request is a local or a c
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Final, final
 
+from .._errors import ConnectionClosedByDrain
 from ..core.gate import IntakeGate
 from ..wire.paths import CONTROL_PREFIX
 from ._body import discard_body
@@ -32,9 +42,13 @@ from ._types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["InFlightMiddleware"]
 
+logger = logging.getLogger("forgezero_lifecycle.middleware")
+
 _REFUSAL_BODY: Final = b'{"error":"RUNTIME_DRAINING"}'
 _DISCONNECT: Final = {"type": "http.disconnect"}
 _TRY_AGAIN_LATER: Final = 1013
+_CLOSED: Final = "RUNTIME_DRAIN_CONNECTION_CLOSED"
+_ABANDONED_CODE: Final = "RUNTIME_DRAIN_CONNECTION_ABANDONED"
 
 
 @final
@@ -101,7 +115,13 @@ class InFlightMiddleware:
             if responder.flags & _CUT_SHORT == _CUT_SHORT_UNFINISHED and not _declares_length(
                 responder.head
             ):
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await responder.send(
+                    {"type": "http.response.body", "body": b"", "more_body": False}
+                )
+        except Exception as error:
+            if not _caused_by_drain(error):
+                raise
+            # Given up: return without finishing the response, so the server closes it.
         finally:
             gate.release_http()
 
@@ -110,31 +130,13 @@ class InFlightMiddleware:
         if not gate.try_admit("websocket"):
             await self._refuse_websocket(scope, receive, send)
             return
-        closed = False
-        lock = asyncio.Lock()
-
-        async def send_until_closed(message: Message) -> None:
-            nonlocal closed
-            async with lock:
-                if closed:
-                    return  # the drain closed this session; the app learns it from receive()
-                if message["type"] in ("websocket.close", "websocket.http.response.body"):
-                    closed = True
-                await send(message)
-
-        async def close_after_grace() -> None:
-            nonlocal closed
-            await gate.notice.wait()
-            async with lock:
-                if not closed:
-                    closed = True
-                    await send(
-                        {"type": "websocket.close", "code": self._close_code, "reason": "draining"}
-                    )
-
-        watcher = asyncio.ensure_future(close_after_grace())
+        session = _WebSocketSession(gate, send, self._close_code)
+        watcher = asyncio.ensure_future(session.close_at_notice())
         try:
-            await self.app(scope, receive, send_until_closed)
+            await self.app(scope, receive, session.send)
+        except Exception as error:
+            if not (session.ended and _caused_by_drain(error)):
+                raise
         finally:
             watcher.cancel()
             gate.release("websocket")
@@ -156,6 +158,63 @@ class InFlightMiddleware:
             await send({"type": "websocket.close", "code": _TRY_AGAIN_LATER, "reason": "draining"})
 
 
+@final
+class _WebSocketSession:
+    """Per-session state of one admitted WebSocket: who closed it, and the send lock."""
+
+    __slots__ = ("_close_code", "_gate", "_lock", "_send", "app_closed", "ended", "responding")
+
+    def __init__(self, gate: IntakeGate, send: Send, close_code: int) -> None:
+        self._gate = gate
+        self._send = send
+        self._close_code = close_code
+        self._lock = asyncio.Lock()
+        #: The app closed the session itself, or finished a denial response.
+        self.app_closed = False
+        #: The app began a denial response (``websocket.http.response.start``).
+        self.responding = False
+        #: Why the drain ended the session (a ``ConnectionClosedByDrain`` code), or None.
+        self.ended: str | None = None
+
+    async def send(self, message: Message) -> None:
+        async with self._lock:
+            kind = message["type"]
+            if self.ended is not None:
+                if kind == "websocket.close":
+                    return  # closing what the drain already closed: nothing left to do
+                raise ConnectionClosedByDrain(
+                    self.ended, detail="the drain ended this WebSocket; stop sending"
+                )
+            if kind == "websocket.http.response.start":
+                self.responding = True
+            elif kind == "websocket.close" or (
+                kind == "websocket.http.response.body" and not message.get("more_body", False)
+            ):
+                self.app_closed = True
+            if not self._gate.draining:
+                await self._send(message)
+            elif not await _send_within(self._send, message, self._gate.cutoff):
+                self._abandon()
+                raise ConnectionClosedByDrain(
+                    _ABANDONED_CODE, detail="the client did not read before the drain's deadline"
+                )
+
+    async def close_at_notice(self) -> None:
+        gate = self._gate
+        await gate.notice.wait()
+        async with self._lock:
+            if self.ended is not None or self.app_closed or self.responding:
+                return  # a denial response in progress ends by itself
+            self.ended = _CLOSED
+            close = {"type": "websocket.close", "code": self._close_code, "reason": "draining"}
+            if not await _send_within(self._send, close, gate.cutoff):
+                self._abandon()
+
+    def _abandon(self) -> None:
+        self.ended = _ABANDONED_CODE
+        logger.warning("drain.connection_abandoned kind=websocket")
+
+
 # _HttpResponder.flags: what one request has done so far.
 _BODY_DONE: Final = 1
 _STARTED: Final = 2
@@ -163,6 +222,8 @@ _FINISHED: Final = 4
 _DISCONNECTED: Final = 8
 #: A method whose requests carry no body: the first receive() needs no inspection.
 _BODILESS: Final = 16
+#: The drain gave up on this connection: a send was still blocked at the cutoff.
+_ABANDONED: Final = 32
 _BODILESS_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Disconnected by the notice after the response started but before its last chunk.
 _CUT_SHORT: Final = _STARTED | _FINISHED | _DISCONNECTED
@@ -212,14 +273,62 @@ class _HttpResponder:
         return incoming
 
     def send(self, message: Message) -> Awaitable[None]:
+        draining = self._gate.draining
         if message["type"] == "http.response.start":
             self.flags |= _STARTED
             self.head = message.get("headers", ())
-            if self._gate.draining:
+            if draining:
                 message = _with_connection_close(message)
         elif not message.get("more_body", False):
             self.flags |= _FINISHED
+        if draining:
+            return self._send_before_cutoff(message)
         return self._send(message)
+
+    async def _send_before_cutoff(self, message: Message) -> None:
+        if not self.flags & _ABANDONED:
+            if await _send_within(self._send, message, self._gate.cutoff):
+                return
+            self.flags |= _ABANDONED
+            logger.warning("drain.connection_abandoned kind=http")
+        raise ConnectionClosedByDrain(
+            _ABANDONED_CODE, detail="the client did not read before the drain's deadline"
+        )
+
+
+async def _send_within(send: Send, message: Message, cutoff: asyncio.Event) -> bool:
+    """Send ``message``; False (and the send cancelled) if it is still blocked at the cutoff.
+
+    The send starts first, so one that does not block completes even after the cutoff.
+    """
+    sending = asyncio.ensure_future(send(message))
+    waiter = asyncio.ensure_future(cutoff.wait())
+    try:
+        await asyncio.wait((sending, waiter), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        sending.cancel()
+        raise
+    finally:
+        waiter.cancel()
+    if not sending.done():
+        sending.cancel()
+        await asyncio.wait((sending,))
+        if sending.cancelled():
+            return False
+    sending.result()  # the server's own error, if it raised one
+    return True
+
+
+def _caused_by_drain(error: BaseException) -> bool:
+    """True when ``error`` is, or was raised because of, the drain's ConnectionClosedByDrain."""
+    seen: BaseException | None = error
+    for _ in range(16):  # bounded: a cycle in __context__ cannot hang the request
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionClosedByDrain):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 async def _receive_or_notice(receive: Receive, notice: asyncio.Event) -> Message | None:

@@ -3,16 +3,19 @@
 ``try_admit(kind)`` checks the open flag and increments the counter in one synchronous step (no
 ``await`` in between), so on a single event loop no unit is admitted once :meth:`close` has
 returned. Waiting is event-driven: :meth:`wait_idle` wakes the moment the last admitted unit is
-released, and :attr:`notice` tells long-lived connections that their stream grace is over.
+released, :attr:`notice` tells long-lived connections that their stream grace is over, and
+:attr:`cutoff` tells sends still blocked by a client that does not read that the drain gives up
+on them.
 
 The admit/release pair runs on every request, so it touches two ints and nothing else: the
 future that :meth:`wait_idle` awaits exists only while somebody waits.
 
-Three flags, three moments of a drain (DESIGN.md §3)::
+Four flags, four moments of a drain (the runtime module's docstring lists its steps)::
 
     draining   readiness is off; responses carry ``Connection: close``   (drain begin)
     closed     nothing new is admitted                                   (after not-ready grace)
     notice     WebSockets get close 1012, streams get http.disconnect   (after stream grace)
+    cutoff     sends still blocked are given up, their connections too  (at the release margin)
 """
 
 from __future__ import annotations
@@ -29,7 +32,15 @@ GateKind = Literal["http", "websocket"]
 class IntakeGate:
     """Admission and in-flight counting for HTTP requests and WebSocket sessions."""
 
-    __slots__ = ("_http", "_idle_waiters", "_notice", "_open", "_websocket", "draining")
+    __slots__ = (
+        "_cutoff",
+        "_http",
+        "_idle_waiters",
+        "_notice",
+        "_open",
+        "_websocket",
+        "draining",
+    )
 
     def __init__(self) -> None:
         self._open = True
@@ -39,6 +50,7 @@ class IntakeGate:
         self.draining = False
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._notice = asyncio.Event()
+        self._cutoff = asyncio.Event()
 
     @property
     def is_open(self) -> bool:
@@ -48,6 +60,11 @@ class IntakeGate:
     def notice(self) -> asyncio.Event:
         """Set when open streams must end (the stream grace of a drain is over)."""
         return self._notice
+
+    @property
+    def cutoff(self) -> asyncio.Event:
+        """Set when a send still blocked by a client that does not read must be given up."""
+        return self._cutoff
 
     def try_admit(self, kind: GateKind) -> bool:
         """Admit one unit of ``kind`` unless the gate is closed. Never awaits."""
@@ -100,11 +117,17 @@ class IntakeGate:
         """Tell open WebSockets and streaming responses to end now."""
         self._notice.set()
 
+    def cut_off(self) -> None:
+        """Give up on sends still blocked in the server's flow control (implies the notice)."""
+        self._notice.set()
+        self._cutoff.set()
+
     def reopen(self) -> None:
-        """Undo a drain: admit again, stop asking clients to reconnect, withdraw the notice."""
+        """Undo a drain: admit again, stop asking clients to reconnect, withdraw notice and cutoff."""
         self._open = True
         self.draining = False
         self._notice.clear()
+        self._cutoff.clear()
 
     async def wait_idle(self) -> None:
         """Return once no HTTP request or WebSocket session is in flight."""
