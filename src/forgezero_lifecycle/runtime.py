@@ -146,8 +146,29 @@ class Runtime:
         return middleware
 
     def install(self, app: Starlette) -> None:
-        """Install on a Starlette or FastAPI app, as the outermost user middleware."""
-        app.add_middleware(InFlightMiddleware, **self._middleware_options())
+        """Install on a Starlette or FastAPI app, outside all of its middleware.
+
+        The app's ``build_middleware_stack`` is wrapped, so the in-flight middleware and the
+        control plane stay outermost even for middleware added after this call
+        (``add_middleware``, ``@app.middleware("http")``), and Starlette's own error middleware
+        runs inside the counted region too. Install once, before the app serves.
+        """
+        if getattr(app.state, "forgezero_runtime", None) is not None:
+            raise ConfigurationError(
+                detail="a runtime is already installed on this app; install one runtime, once"
+            )
+        if app.middleware_stack is not None:
+            raise ConfigurationError(
+                detail="the app has already started serving; call install() before it starts"
+            )
+        build = app.build_middleware_stack
+
+        def build_inside_runtime() -> ASGIApp:
+            return self.wrap(build())
+
+        # An instance attribute shadows the class's method: Starlette and FastAPI both build
+        # their stack through self.build_middleware_stack() on the first call.
+        app.build_middleware_stack = build_inside_runtime  # type: ignore[method-assign]
         app.state.forgezero_runtime = self
 
     def _middleware_options(self) -> dict[str, Any]:
