@@ -8,12 +8,15 @@ listener), and the middleware then sends the empty last chunk the app left unsen
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
 
 from ._control import ControlClient
+from ._servers import RunningServer
 from .conftest import ServerLog
 
 pytestmark = [pytest.mark.server, pytest.mark.anyio]
@@ -72,6 +75,49 @@ async def test_length_delimited_stream_after_the_grace_is_cut_without_an_app_err
     assert (await control.wait_for_status(nonce, "drained", "failed"))["status"] == "drained"
     log = server_log.take()
     assert "Traceback" not in log, log
+
+
+async def test_client_that_never_reads_cannot_keep_a_drain_from_ending(
+    server: RunningServer, control: ControlClient, server_log: ServerLog
+) -> None:
+    """A client that requests an endless stream and never reads blocks the server's sends; at
+    the drain's release margin the connection is given up, so the drain ends drained within its
+    deadline, and a later drain after rollback is not stuck behind it."""
+    with _client_that_never_reads(server, "/flood"):
+        await control.wait_admitted("http")
+        nonce = await control.begin(timeout_ms=2000)
+        status = await control.wait_for_status(nonce, "drained", "failed")
+        assert status["status"] == "drained"
+        assert status["inFlight"]["http"] == 0
+
+        assert (await control.rollback(nonce)).status_code == 200
+        again = await control.begin(timeout_ms=2000)
+        status = await control.wait_for_status(again, "drained", "failed")
+        assert status["status"] == "drained"
+        assert status["inFlight"]["http"] == 0
+
+    log = server_log.take()
+    assert "Traceback" not in log, log
+    assert log.count("drain.connection_abandoned kind=http") == 1, log
+
+
+@contextmanager
+def _client_that_never_reads(server: RunningServer, path: str) -> Iterator[socket.socket]:
+    """A raw loopback connection that sends one request and then reads nothing at all.
+
+    Its small receive buffer (set before connecting, so the TCP window stays small) makes the
+    server's sends block in flow control soon after the stream starts.
+    """
+    host, port = server.url.removeprefix("http://").split(":")
+    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.settimeout(5)
+        client.connect((host, int(port)))
+        client.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        yield client
+    finally:
+        client.close()  # unread data is pending: the kernel resets the connection
 
 
 async def _rest(lines: AsyncIterator[str]) -> list[str]:
