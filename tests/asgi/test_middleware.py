@@ -505,3 +505,31 @@ async def test_count_is_released_when_the_app_raises() -> None:
     with pytest.raises(RuntimeError):
         await InFlightMiddleware(broken, gate=gate)(http_scope(), recorder.receive, recorder.send)
     assert gate.counters()["http"] == 0
+
+
+async def test_an_exception_group_of_drain_closes_stays_inside() -> None:
+    """A task group that re-raises the drain's error in a group is kept from the server too."""
+    gate = IntakeGate()
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+        await gate.notice.wait()
+        await settle()
+        errors: list[Exception] = []
+        try:
+            await send({"type": "websocket.send", "text": "late"})
+        except OSError as error:
+            errors.append(error)
+        raise ExceptionGroup("task group", errors)  # outside the except: no __context__
+
+    recorder = ASGIRecorder({"type": "websocket.connect"})
+    call = asyncio.ensure_future(
+        InFlightMiddleware(app, gate=gate)(ws_scope(), recorder.receive, recorder.send)
+    )
+    await settle()
+    gate.close()
+    gate.end_streams()
+    await call
+    assert recorder.sent[-1] == {"type": "websocket.close", "code": 1012, "reason": "draining"}
+    assert gate.counters()["websocket"] == 0

@@ -319,15 +319,17 @@ async def _send_within(send: Send, message: Message, cutoff: asyncio.Event) -> b
     return True
 
 
-def _caused_by_drain(error: BaseException) -> bool:
-    """True when ``error`` is, or was raised because of, the drain's ConnectionClosedByDrain."""
+def _caused_by_drain(error: BaseException, depth: int = 0) -> bool:
+    """True when ``error`` is, or was raised because of, the drain's ConnectionClosedByDrain
+    (an exception group: when each of its exceptions was)."""
     seen: BaseException | None = error
-    for _ in range(16):  # bounded: a cycle in __context__ cannot hang the request
-        if seen is None:
-            return False
+    while seen is not None and depth < 16:  # bounded: a cycle in __context__ cannot hang
         if isinstance(seen, ConnectionClosedByDrain):
             return True
+        if isinstance(seen, BaseExceptionGroup):
+            return all(_caused_by_drain(inner, depth + 1) for inner in seen.exceptions)
         seen = seen.__cause__ or seen.__context__
+        depth += 1
     return False
 
 
