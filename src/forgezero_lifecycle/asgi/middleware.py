@@ -16,7 +16,9 @@ Per connection, by ``scope["type"]``:
   open session is closed with 1012 (configurable) and reason ``draining``; the server then
   delivers ``websocket.disconnect`` to the app, and an app send after that raises
   :class:`~forgezero_lifecycle.ConnectionClosedByDrain` (an ``OSError``, as the ASGI spec wants
-  for a send on a closed connection), so a handler that only sends ends too.
+  for a send on a closed connection), so a handler that only sends ends too. A denial the app
+  sends (``websocket.http.response.start`` and its body parts) ends with its last body part
+  (``more_body`` false); the notice never closes a session in the middle of one.
 
 Every send made while draining is bounded by the gate's ``cutoff`` (set by the runtime at the
 drain's release margin): a send still blocked then by a client that does not read is given up,
@@ -119,7 +121,7 @@ class InFlightMiddleware:
                     {"type": "http.response.body", "body": b"", "more_body": False}
                 )
         except Exception as error:
-            if not _caused_by_drain(error):
+            if not (responder.flags & _ABANDONED and _caused_by_drain(error)):
                 raise
             # Given up: return without finishing the response, so the server closes it.
         finally:
