@@ -22,11 +22,6 @@ from ._vectors import counts, expected, vectors
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class ScriptedDependencies:
     """The vectors' dependency script, recording calls in the seed's names."""
 

@@ -30,11 +30,6 @@ pytestmark = pytest.mark.anyio
 CATEGORIES = ("handoff_begin", "handoff_sequence", "handoff_export", "handoff_envelope")
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _params(category: str) -> list[Any]:
     return [pytest.param(v, id=v["id"]) for v in vectors(category)]
 

@@ -35,11 +35,6 @@ TGT = "fedcba9876543210fedcba9876543210fedcba98"
 AUTHORIZATION = "Bearer dG9rZW4tZm9yLWZvcmdlemVyby1vcmFjbGUtdGVzdHM"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Cart(BaseModel):
     owner: str
     items: tuple[str, ...]

@@ -22,11 +22,6 @@ from forgezero_lifecycle.core.queue import KeyedQueue, QueueDrainReport, QueueSn
 from forgezero_lifecycle.testing import ManualClock, settle
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Blocker:
     """A handler that records when it starts and finishes only when released."""
 

@@ -19,11 +19,6 @@ BASE = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
 

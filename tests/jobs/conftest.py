@@ -18,11 +18,6 @@ from forgezero_lifecycle.jobs.postgres import PostgresJobStore
 DSN_ENV = "FORGEZERO_TEST_POSTGRES_DSN"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def postgres_dsn() -> str:
     """The test database, or skip (fail in CI) with a reason that names the variable."""
     dsn = os.environ.get(DSN_ENV, "")
