@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -48,10 +48,21 @@ def make(clock: ManualClock, start: datetime = BASE) -> Scheduler:
     return Scheduler(clock=clock, now=wall(clock, start))
 
 
+@pytest.fixture
+async def scheduler(clock: ManualClock) -> AsyncIterator[Scheduler]:
+    """A scheduler on the manual clock, stopped after the test whatever happened."""
+    made = make(clock)
+    try:
+        yield made
+    finally:
+        await made.stop()
+
+
 @pytest.mark.anyio
-async def test_interval_job_runs_once_per_period_on_the_manual_clock(clock: ManualClock) -> None:
+async def test_interval_job_runs_once_per_period_on_the_manual_clock(
+    clock: ManualClock, scheduler: Scheduler
+) -> None:
     """An `every=10` job runs at 10, 20, 30 s after start and reports its next run."""
-    scheduler = make(clock)
     job = Counter()
     scheduler.add("tick", job, every=10)
     async with scheduler:
@@ -73,9 +84,10 @@ async def test_interval_job_runs_once_per_period_on_the_manual_clock(clock: Manu
 
 
 @pytest.mark.anyio
-async def test_pause_stops_ticks_and_lets_the_in_flight_run_finish(clock: ManualClock) -> None:
+async def test_pause_stops_ticks_and_lets_the_in_flight_run_finish(
+    clock: ManualClock, scheduler: Scheduler
+) -> None:
     """After pause no tick starts a run; the run already going completes normally."""
-    scheduler = make(clock)
     job = Counter()
     job.gate = asyncio.Event()
     scheduler.add("slow", job, every=10)
@@ -91,13 +103,13 @@ async def test_pause_stops_ticks_and_lets_the_in_flight_run_finish(clock: Manual
     assert scheduler.job_status("slow").last_result == "ok"
     await clock.advance(100)
     assert job.runs == 1
-    await scheduler.stop()
 
 
 @pytest.mark.anyio
-async def test_ticks_missed_while_paused_are_not_replayed_after_resume(clock: ManualClock) -> None:
+async def test_ticks_missed_while_paused_are_not_replayed_after_resume(
+    clock: ManualClock, scheduler: Scheduler
+) -> None:
     """Resume computes the next tick from the resume time: no burst of missed runs."""
-    scheduler = make(clock)
     job = Counter()
     scheduler.add("tick", job, every=10)
     scheduler.start()
@@ -112,15 +124,14 @@ async def test_ticks_missed_while_paused_are_not_replayed_after_resume(clock: Ma
     assert job.runs == 0
     await clock.advance(0.1)
     assert job.runs == 1
-    await scheduler.stop()
 
 
 @pytest.mark.anyio
 async def test_run_now_runs_at_once_even_while_paused_and_returns_the_status(
     clock: ManualClock,
+    scheduler: Scheduler,
 ) -> None:
     """`run_now` runs the job immediately, whether started, paused or neither."""
-    scheduler = make(clock)
     job = Counter()
     scheduler.add("rotate", job, every=3600)
     status = await scheduler.run_now("rotate")
@@ -130,15 +141,14 @@ async def test_run_now_runs_at_once_even_while_paused_and_returns_the_status(
     status = await scheduler.run_now("rotate")
     assert (job.runs, status.runs) == (2, 2)
     assert status.next_run_at is None
-    await scheduler.stop()
 
 
 @pytest.mark.anyio
 async def test_run_now_on_a_running_job_waits_for_that_run_instead_of_overlapping(
     clock: ManualClock,
+    scheduler: Scheduler,
 ) -> None:
     """A job never runs twice at once: run_now joins the run in progress."""
-    scheduler = make(clock)
     job = Counter()
     job.gate = asyncio.Event()
     scheduler.add("slow", job, every=60)
@@ -155,10 +165,9 @@ async def test_run_now_on_a_running_job_waits_for_that_run_instead_of_overlappin
 
 @pytest.mark.anyio
 async def test_failing_job_counts_consecutive_failures_then_resets_on_success(
-    clock: ManualClock, caplog: pytest.LogCaptureFixture
+    clock: ManualClock, scheduler: Scheduler, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Each failure raises the count and keeps the error text; one success resets it."""
-    scheduler = make(clock)
     job = Counter()
     job.fail = True
     scheduler.add("flaky", job, every=10)
@@ -179,13 +188,13 @@ async def test_failing_job_counts_consecutive_failures_then_resets_on_success(
     status = scheduler.job_status("flaky")
     assert (status.runs, status.failures, status.consecutive_failures) == (4, 3, 0)
     assert (status.last_result, status.last_error) == ("ok", None)
-    await scheduler.stop()
 
 
 @pytest.mark.anyio
-async def test_an_exception_in_one_job_never_stops_the_scheduler(clock: ManualClock) -> None:
+async def test_an_exception_in_one_job_never_stops_the_scheduler(
+    clock: ManualClock, scheduler: Scheduler
+) -> None:
     """A job that raises keeps its schedule, and other jobs are untouched."""
-    scheduler = make(clock)
     broken, healthy = Counter(), Counter()
     broken.fail = True
     scheduler.add("broken", broken, every=5)
@@ -199,9 +208,9 @@ async def test_an_exception_in_one_job_never_stops_the_scheduler(clock: ManualCl
 @pytest.mark.anyio
 async def test_a_tick_that_finds_the_previous_run_going_is_skipped_and_counted(
     clock: ManualClock,
+    scheduler: Scheduler,
 ) -> None:
     """Overlapping runs are not started; each skipped tick shows in skipped_overlaps."""
-    scheduler = make(clock)
     job = Counter()
     job.gate = asyncio.Event()
     scheduler.add("slow", job, every=10)
@@ -216,7 +225,6 @@ async def test_a_tick_that_finds_the_previous_run_going_is_skipped_and_counted(
     status = scheduler.job_status("slow")
     assert (job.runs, status.runs, status.skipped_overlaps, status.running) == (2, 2, 2, False)
     assert status.last_duration == 0.0
-    await scheduler.stop()
 
 
 @pytest.mark.anyio
@@ -242,9 +250,10 @@ async def test_cron_job_next_run_comes_from_the_injected_now(clock: ManualClock)
 
 
 @pytest.mark.anyio
-async def test_cron_ticks_missed_while_paused_are_not_replayed(clock: ManualClock) -> None:
+async def test_cron_ticks_missed_while_paused_are_not_replayed(
+    clock: ManualClock, scheduler: Scheduler
+) -> None:
     """A cron job resumed after an hour runs at its next slot, not once per missed slot."""
-    scheduler = make(clock)
     job = Counter()
     scheduler.add("report", job, cron="*/5 * * * *")
     scheduler.start()
@@ -256,7 +265,6 @@ async def test_cron_ticks_missed_while_paused_are_not_replayed(clock: ManualCloc
     assert scheduler.job_status("report").next_run_at == BASE + timedelta(hours=1, minutes=5)
     await clock.advance(240)
     assert job.runs == 1
-    await scheduler.stop()
 
 
 @pytest.mark.anyio
@@ -325,9 +333,10 @@ async def test_an_unknown_job_name_raises_schedule_not_found() -> None:
 
 
 @pytest.mark.anyio
-async def test_the_decorator_registers_the_function_under_its_name(clock: ManualClock) -> None:
+async def test_the_decorator_registers_the_function_under_its_name(
+    clock: ManualClock, scheduler: Scheduler
+) -> None:
     """`@scheduler.job(every=...)` adds the function and returns it unchanged."""
-    scheduler = make(clock)
     calls: list[str] = []
 
     @scheduler.job(every=5)
@@ -344,9 +353,10 @@ async def test_the_decorator_registers_the_function_under_its_name(clock: Manual
 
 
 @pytest.mark.anyio
-async def test_status_serialises_to_json_ready_snake_case(clock: ManualClock) -> None:
+async def test_status_serialises_to_json_ready_snake_case(
+    clock: ManualClock, scheduler: Scheduler
+) -> None:
     """`to_dict` gives plain JSON types: ISO datetimes, seconds, snake_case keys."""
-    scheduler = make(clock)
     job = Counter()
     job.fail = True
     scheduler.add("flaky", job, every=10)
@@ -373,13 +383,13 @@ async def test_status_serialises_to_json_ready_snake_case(clock: ManualClock) ->
         "skipped_overlaps": 0,
         "next_run_at": "2030-01-01T00:00:10+00:00",
     }
-    await scheduler.stop()
 
 
 @pytest.mark.anyio
-async def test_a_job_added_after_start_is_scheduled_at_once(clock: ManualClock) -> None:
+async def test_a_job_added_after_start_is_scheduled_at_once(
+    clock: ManualClock, scheduler: Scheduler
+) -> None:
     """Adding to a running scheduler arms the new job from the time it was added."""
-    scheduler = make(clock)
     async with scheduler:
         await clock.advance(3)
         job = Counter()
@@ -389,9 +399,8 @@ async def test_a_job_added_after_start_is_scheduled_at_once(clock: ManualClock) 
 
 
 @pytest.mark.anyio
-async def test_stop_waits_for_running_runs(clock: ManualClock) -> None:
+async def test_stop_waits_for_running_runs(clock: ManualClock, scheduler: Scheduler) -> None:
     """Without a timeout, stop returns only after the running run has finished."""
-    scheduler = make(clock)
     job = Counter()
     job.gate = asyncio.Event()
     scheduler.add("slow", job, every=10)
@@ -406,9 +415,10 @@ async def test_stop_waits_for_running_runs(clock: ManualClock) -> None:
 
 
 @pytest.mark.anyio
-async def test_stop_with_a_timeout_cancels_a_run_that_outlives_it(clock: ManualClock) -> None:
+async def test_stop_with_a_timeout_cancels_a_run_that_outlives_it(
+    clock: ManualClock, scheduler: Scheduler
+) -> None:
     """At the stop timeout a run still going is cancelled and recorded as an error."""
-    scheduler = make(clock)
     job = Counter()
     job.gate = asyncio.Event()
     scheduler.add("stuck", job, every=10)
@@ -428,9 +438,9 @@ async def test_stop_with_a_timeout_cancels_a_run_that_outlives_it(clock: ManualC
 @pytest.mark.anyio
 async def test_participant_pauses_ticks_drains_running_runs_and_resumes(
     clock: ManualClock,
+    scheduler: Scheduler,
 ) -> None:
     """The scheduler participant is kind schedules, counts running runs and is reversible."""
-    scheduler = make(clock)
     job = Counter()
     job.gate = asyncio.Event()
     scheduler.add("slow", job, every=10)
@@ -453,15 +463,14 @@ async def test_participant_pauses_ticks_drains_running_runs_and_resumes(
     job.gate = None
     await clock.advance(10)
     assert job.runs == 2
-    await scheduler.stop()
 
 
 @pytest.mark.anyio
 async def test_participant_drain_outlasts_its_timeout_without_cancelling(
     clock: ManualClock,
+    scheduler: Scheduler,
 ) -> None:
     """A run cannot be handed over: the drain waits past its timeout and never cancels it."""
-    scheduler = make(clock)
     job = Counter()
     job.gate = asyncio.Event()
     scheduler.add("slow", job, every=10)
@@ -481,9 +490,10 @@ async def test_participant_drain_outlasts_its_timeout_without_cancelling(
 
 
 @pytest.mark.anyio
-async def test_run_now_is_refused_while_a_drain_holds_intake_closed(clock: ManualClock) -> None:
+async def test_run_now_is_refused_while_a_drain_holds_intake_closed(
+    clock: ManualClock, scheduler: Scheduler
+) -> None:
     """Nothing is admitted after the drain closes intake: run_now raises, no run starts."""
-    scheduler = make(clock)
     job = Counter()
     scheduler.add("report", job, every=60)
     scheduler.start()
@@ -497,13 +507,11 @@ async def test_run_now_is_refused_while_a_drain_holds_intake_closed(clock: Manua
     participant.resume_intake()
     await scheduler.run_now("report")
     assert job.runs == 1
-    await scheduler.stop()
 
 
 @pytest.mark.anyio
-async def test_rollback_keeps_an_operators_pause(clock: ManualClock) -> None:
+async def test_rollback_keeps_an_operators_pause(clock: ManualClock, scheduler: Scheduler) -> None:
     """A scheduler the operator paused before the drain stays paused after rollback."""
-    scheduler = make(clock)
     job = Counter()
     scheduler.add("report", job, every=10)
     scheduler.start()
@@ -517,4 +525,3 @@ async def test_rollback_keeps_an_operators_pause(clock: ManualClock) -> None:
     scheduler.resume()
     await clock.advance(10)
     assert job.runs == 1
-    await scheduler.stop()
