@@ -69,6 +69,31 @@ async def test_run_returns_the_handler_result_and_raises_its_exception() -> None
     assert (snap.completed, snap.failed, snap.running, snap.queued, snap.keys) == (1, 1, 0, 0, 0)
 
 
+class _OrderTracker:
+    """Records, per key, the order tasks were submitted and run, and how many ran at once."""
+
+    def __init__(self) -> None:
+        self.submitted: defaultdict[str, list[int]] = defaultdict(list)
+        self.executed: defaultdict[str, list[int]] = defaultdict(list)
+        self.active: set[str] = set()
+        self.peak = 0
+
+    async def handler(self, key: str, index: int, steps: int) -> int:
+        assert key not in self.active, f"two tasks of {key} overlap"
+        self.active.add(key)
+        self.peak = max(self.peak, len(self.active))
+        self.executed[key].append(index)
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        self.active.discard(key)
+        return index
+
+    async def submit(self, queue: KeyedQueue, key: str, index: int, steps: int) -> int:
+        self.submitted[key].append(index)
+        result: int = await queue.run(key, self.handler, key, index, steps)
+        return result
+
+
 @pytest.mark.anyio
 @settings(max_examples=75, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
@@ -84,32 +109,16 @@ async def test_same_key_runs_in_submission_order_under_random_interleavings(
 ) -> None:
     """Per key, handlers start in submission order and never overlap; at most width run."""
     queue = KeyedQueue(width=width)
-    submitted: defaultdict[str, list[int]] = defaultdict(list)
-    executed: defaultdict[str, list[int]] = defaultdict(list)
-    active: set[str] = set()
-    peak = 0
-
-    async def handler(key: str, index: int, steps: int) -> int:
-        nonlocal peak
-        assert key not in active
-        active.add(key)
-        peak = max(peak, len(active))
-        executed[key].append(index)
-        for _ in range(steps):
-            await asyncio.sleep(0)
-        active.discard(key)
-        return index
+    tracker = _OrderTracker()
 
     async def submit(index: int, key_number: int, delay: int, steps: int) -> None:
         for _ in range(delay):
             await asyncio.sleep(0)
-        key = f"k{key_number}"
-        submitted[key].append(index)
-        assert await queue.run(key, handler, key, index, steps) == index
+        assert await tracker.submit(queue, f"k{key_number}", index, steps) == index
 
     await asyncio.gather(*(submit(i, *step) for i, step in enumerate(plan)))
-    assert executed == submitted
-    assert peak <= width
+    assert tracker.executed == tracker.submitted
+    assert tracker.peak <= width
     snap = queue.snapshot()
     assert (snap.running, snap.queued, snap.keys, snap.completed) == (0, 0, 0, len(plan))
 
@@ -133,30 +142,12 @@ async def test_order_and_width_hold_while_the_queue_and_keys_are_paused_and_resu
 ) -> None:
     """Random pause/resume of the queue and of keys never reorders, overlaps or loses a task."""
     queue = KeyedQueue(width=width)
-    submitted: defaultdict[str, list[int]] = defaultdict(list)
-    executed: defaultdict[str, list[int]] = defaultdict(list)
-    active: set[str] = set()
-    peak = 0
-
-    async def handler(key: str, index: int, steps: int) -> None:
-        nonlocal peak
-        assert key not in active
-        active.add(key)
-        peak = max(peak, len(active))
-        executed[key].append(index)
-        for _ in range(steps):
-            await asyncio.sleep(0)
-        active.discard(key)
-
-    async def submit(key: str, index: int, steps: int) -> None:
-        submitted[key].append(index)
-        await queue.run(key, handler, key, index, steps)
-
+    tracker = _OrderTracker()
     tasks = []
     for index, (op, key_number, amount) in enumerate(ops):
         key = f"k{key_number}"
         if op == "submit":
-            tasks.append(asyncio.create_task(submit(key, index, amount)))
+            tasks.append(asyncio.create_task(tracker.submit(queue, key, index, amount)))
         elif op == "pause":
             queue.pause()
         elif op == "resume":
@@ -172,8 +163,8 @@ async def test_order_and_width_hold_while_the_queue_and_keys_are_paused_and_resu
         queue.resume_key(f"k{key_number}")
     await asyncio.gather(*tasks)
     await queue.when_idle()
-    assert executed == submitted
-    assert peak <= width
+    assert tracker.executed == tracker.submitted
+    assert tracker.peak <= width
     snap = queue.snapshot()
     assert (snap.running, snap.queued, snap.keys, snap.completed) == (0, 0, 0, len(tasks))
 
@@ -383,7 +374,10 @@ async def test_resume_intake_after_stop_does_nothing() -> None:
 @pytest.mark.anyio
 async def test_when_idle_returns_at_once_on_an_idle_queue() -> None:
     """An idle queue has nothing to wait for."""
-    await KeyedQueue().when_idle()
+    waiting = asyncio.ensure_future(KeyedQueue().when_idle())
+    await asyncio.sleep(0)  # one turn of the loop, no more
+    assert waiting.done()
+    await waiting
 
 
 @pytest.mark.anyio
