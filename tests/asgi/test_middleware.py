@@ -91,7 +91,16 @@ async def test_refused_request_gets_503_and_never_reaches_the_app() -> None:
     assert gate.counters()["http"] == 0
 
 
-async def test_responses_while_draining_carry_connection_close_once() -> None:
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        pytest.param([], [(b"connection", b"close")], id="added"),
+        pytest.param([(b"Connection", b"close")], [(b"Connection", b"close")], id="kept-once"),
+    ],
+)
+async def test_responses_while_draining_carry_connection_close_once(
+    given: list[tuple[bytes, bytes]], expected: list[tuple[bytes, bytes]]
+) -> None:
     """A response started while draining gains Connection: close unless it already has one."""
     gate = IntakeGate()
 
@@ -100,15 +109,10 @@ async def test_responses_while_draining_carry_connection_close_once() -> None:
         await send({"type": "http.response.start", "status": 200, "headers": scope["h"]})
         await send({"type": "http.response.body", "body": b""})
 
-    for given, expected in (
-        ([], [(b"connection", b"close")]),
-        ([(b"Connection", b"close")], [(b"Connection", b"close")]),
-    ):
-        recorder = ASGIRecorder()
-        gate.reopen()
-        scope = {**http_scope(), "h": given}
-        await InFlightMiddleware(app, gate=gate)(scope, recorder.receive, recorder.send)
-        assert recorder.sent[0]["headers"] == expected
+    recorder = ASGIRecorder()
+    scope = {**http_scope(), "h": given}
+    await InFlightMiddleware(app, gate=gate)(scope, recorder.receive, recorder.send)
+    assert recorder.sent[0]["headers"] == expected
 
 
 async def test_no_connection_close_while_serving() -> None:
