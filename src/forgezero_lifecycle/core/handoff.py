@@ -134,9 +134,9 @@ class StateHandoffController(Generic[T]):
     async def _export(
         self, source_revision: object, target_revision: object
     ) -> tuple[StateEnvelope, bytes]:
-        if not isinstance(source_revision, str) or not is_revision(source_revision):
+        if not is_revision(source_revision):
             raise StateInputInvalid("RUNTIME_STATE_REVISION_INVALID")
-        if not isinstance(target_revision, str) or not is_revision(target_revision):
+        if not is_revision(target_revision):
             raise StateInputInvalid("RUNTIME_STATE_REVISION_INVALID")
         if self._revision is not None and source_revision != self._revision:
             raise StateConflict(

@@ -10,7 +10,7 @@ Python's ``$`` also matches before a final newline.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeGuard
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, StrictStr
 from pydantic.alias_generators import to_camel
@@ -73,11 +73,13 @@ def matching(pattern: re.Pattern[str]) -> AfterValidator:
     return AfterValidator(check)
 
 
-def is_nonce(value: object) -> bool:
+def is_nonce(value: object) -> TypeGuard[str]:
+    """True when ``value`` is a str of 43 base64url characters (a nonce)."""
     return isinstance(value, str) and NONCE_PATTERN.fullmatch(value) is not None
 
 
-def is_revision(value: object) -> bool:
+def is_revision(value: object) -> TypeGuard[str]:
+    """True when ``value`` is a str of 40 lowercase hex characters (a revision)."""
     return isinstance(value, str) and REVISION_PATTERN.fullmatch(value) is not None
 
 
