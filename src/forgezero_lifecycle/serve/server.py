@@ -7,7 +7,6 @@ import contextlib
 import copy
 import logging
 import math
-import secrets
 import signal
 import socket
 from collections.abc import Iterator, Sequence
@@ -18,10 +17,10 @@ from uvicorn.config import HTTP_PROTOCOLS, LOGGING_CONFIG
 from uvicorn.importer import import_from_string
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from .._errors import LifecycleError
 from ..asgi._types import ASGIApp
+from ..core.self_drain import self_drain
 from ..runtime import Runtime
-from ..wire.drain import DRAIN_PROTOCOL, MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainState
+from ..wire.drain import DrainState
 from .connections import ConnectionStop, zero_loss_protocol
 from .options import ServeOptions
 from .sockets import ListeningSocket, accept_queue_length, refuse_new_connections
@@ -30,8 +29,6 @@ __all__ = ["find_runtime", "serve_app"]
 
 logger = logging.getLogger("forgezero_lifecycle.serve")
 
-#: sourceRevision of a self-drain when the runtime does not know its revision.
-UNKNOWN_REVISION: Final = "0" * 40
 #: uvicorn's own graceful shutdown waits this much longer than the drain deadline.
 SHUTDOWN_MARGIN: Final = 5.0
 #: Pause between readings of a closing listener's accept queue.
@@ -130,28 +127,13 @@ async def serve_app(
 async def _self_drain(runtime: Runtime, drain_timeout: float, server: uvicorn.Server) -> DrainState:
     """Drain this generation (or follow a drain already begun), then let uvicorn stop."""
     try:
-        if not runtime.drain.active:
-            timeout_ms = round(drain_timeout * 1000)
-            runtime.drain.begin(
-                {
-                    "protocol": DRAIN_PROTOCOL,
-                    "nonce": secrets.token_urlsafe(32),
-                    "sourceRevision": runtime.revision or UNKNOWN_REVISION,
-                    "targetRevision": UNKNOWN_REVISION,
-                    "timeoutMs": min(MAX_DRAIN_TIMEOUT_MS, max(MIN_DRAIN_TIMEOUT_MS, timeout_ms)),
-                }
-            )
-            state = await runtime.drain.wait()
-        else:
-            logger.info(
-                "serve.following_drain: a drain was already begun; waiting for it at most "
-                "--drain-timeout (%.1f s)",
-                drain_timeout,
-            )
-            state = await _follow(runtime, drain_timeout)
-    except LifecycleError as error:
-        logger.error("serve.drain_refused code=%s", error.code)
-        state = "failed"
+        state = await self_drain(
+            runtime.drain,
+            revision=runtime.revision,
+            timeout=drain_timeout,
+            log=logger,
+            events="serve",
+        )
     finally:
         server.should_exit = True
     logger.info("serve.drain_settled state=%s", state)
@@ -172,15 +154,6 @@ async def _close_after_responses(runtime: Runtime, server: uvicorn.Server) -> No
                 cycle.keep_alive = False
         if await runtime.drain.wait() != "rolled-back":
             return
-
-
-async def _follow(runtime: Runtime, drain_timeout: float) -> DrainState:
-    """The state a drain begun by someone else settles in, or failed after ``drain_timeout``."""
-    try:
-        return await asyncio.wait_for(runtime.drain.wait(), drain_timeout)
-    except TimeoutError:
-        logger.error("serve.follow_timeout: the drain had not settled within --drain-timeout")
-        return "failed"
 
 
 @final
