@@ -3,7 +3,8 @@
 Layers point down only (checked by import-linter in CI)::
 
     wire      pydantic models and constants of the control protocol; no I/O
-    core      framework-neutral asyncio controllers: gate, drain, handoff, queue, scheduler
+    core      framework-neutral asyncio controllers: gate, drain, handoff, queue, scheduler,
+              the signal hook that drains under a server the user runs
     jobs      durable fenced jobs: store protocol, SQLite, PostgreSQL, worker
     asgi      the only ASGI/Starlette speakers: in-flight middleware, control sub-app
     client    httpx client of the control protocol (orchestrator side)

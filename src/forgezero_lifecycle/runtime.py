@@ -19,6 +19,11 @@ A drain with ``timeoutMs = T`` runs, all inside T (DESIGN.md §3):
    not read, so their connections are abandoned and counted out before T;
 7. drained when every counter is 0, failed otherwise. Rollback reopens everything.
 
+Under a server the user runs (``uvicorn myapp:app``, hypercorn, gunicorn with the uvicorn worker)
+the first SIGTERM or SIGINT begins such a drain itself, with a deadline of
+``signal_drain_timeout`` seconds, and the server's own stop follows once it settled
+(:mod:`forgezero_lifecycle.core.signal_drain`; ``drain_on_signal=False`` turns that off).
+
 The library reads no environment variables; the CLI maps them to these arguments.
 """
 
@@ -42,8 +47,9 @@ from .core.gate import IntakeGate
 from .core.handoff import StateAdapter, StateHandoffController
 from .core.participant import WorkParticipant
 from .core.scheduler import SchedulerParticipant
+from .core.signal_drain import SignalDrain
 from .wire._types import is_revision
-from .wire.drain import WorkCounters
+from .wire.drain import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, WorkCounters
 
 __all__ = ["Runtime"]
 
@@ -78,6 +84,8 @@ class Runtime:
         retry_after: int = 1,
         exempt: Callable[[Scope], bool] | None = None,
         insecure_loopback_control: bool = False,
+        drain_on_signal: bool = True,
+        signal_drain_timeout: float = 30.0,
         clock: Clock | None = None,
     ) -> None:
         if control_token is None and not insecure_loopback_control:
@@ -89,6 +97,7 @@ class Runtime:
         _check_settings(revision, websocket_close_code, retry_after)
         if not_ready_grace < 0 or stream_grace < 0:
             raise ConfigurationError(detail="grace periods must be ≥ 0 seconds")
+        _check_signal_options(drain_on_signal, signal_drain_timeout)
         self.revision = revision
         self.gate = IntakeGate()
         self.draining = asyncio.Event()
@@ -104,6 +113,10 @@ class Runtime:
         self._timeout = 0.0
         self._closer: asyncio.Task[None] | None = None
         self.drain = DrainController(_Dependencies(self), revision=revision)
+        #: The hook that turns SIGTERM/SIGINT under the user's server into a self-drain.
+        self.signal_drain = SignalDrain(
+            self.drain, revision=revision, timeout=signal_drain_timeout, enabled=drain_on_signal
+        )
         self.handoff: StateHandoffController[Any] | None = None
         if state_adapter is not None:
             self.handoff = StateHandoffController(
@@ -178,6 +191,7 @@ class Runtime:
             "exempt": self._exempt,
             "websocket_close_code": self._close_code,
             "retry_after": self._retry_after,
+            "signals": self.signal_drain if self.signal_drain.pending else None,
         }
 
     async def aclose(self) -> None:
@@ -314,6 +328,22 @@ def _check_settings(revision: str | None, close_code: int, retry_after: int) -> 
         raise ConfigurationError(
             detail=f"retry_after must be whole seconds ≥ 0 (the Retry-After header), got "
             f"{retry_after!r}"
+        )
+
+
+def _check_signal_options(drain_on_signal: object, timeout: object) -> None:
+    if not isinstance(drain_on_signal, bool):
+        raise ConfigurationError(
+            detail=f"drain_on_signal must be True or False, not {drain_on_signal!r}"
+        )
+    low, high = MIN_DRAIN_TIMEOUT_MS / 1000, MAX_DRAIN_TIMEOUT_MS / 1000
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not low <= timeout <= high  # NaN fails this too
+    ):
+        raise ConfigurationError(
+            detail=f"signal_drain_timeout must be {low:g} to {high:g} seconds, not {timeout!r}"
         )
 
 

@@ -19,6 +19,8 @@ from typing import Final
 import httpx
 
 __all__ = [
+    "GUNICORN_GRACEFUL_TIMEOUT",
+    "MORE_SERVER_KINDS",
     "SERVER_KINDS",
     "SERVE_KINDS",
     "RunningServer",
@@ -36,6 +38,11 @@ SHUTDOWN_TIMEOUT: Final = 10.0
 SERVE_KINDS: Final = ("serve-h11", "serve-httptools")
 #: The servers every real-server test runs against.
 SERVER_KINDS: Final = ("uvicorn-h11", "uvicorn-httptools", "hypercorn")
+#: More ways users run an app: hypercorn in one process (``--workers 0``: the app's process takes
+#: the signals itself) and gunicorn with one uvicorn worker. ``start_server`` knows them too.
+MORE_SERVER_KINDS: Final = ("hypercorn-single", "gunicorn")
+#: gunicorn's --graceful-timeout here: how long its master waits for a worker after SIGTERM.
+GUNICORN_GRACEFUL_TIMEOUT: Final = 10
 
 
 def free_port() -> int:
@@ -46,7 +53,7 @@ def free_port() -> int:
         return port
 
 
-def _command(kind: str, target: str, port: int) -> list[str]:
+def _command(kind: str, target: str, port: int, log_level: str) -> list[str]:
     if kind.startswith("uvicorn-"):
         return [
             sys.executable,
@@ -60,7 +67,7 @@ def _command(kind: str, target: str, port: int) -> list[str]:
             "--http",
             kind.removeprefix("uvicorn-"),
             "--log-level",
-            "warning",
+            log_level,
             "--no-access-log",
             "--timeout-graceful-shutdown",
             "3",
@@ -79,10 +86,11 @@ def _command(kind: str, target: str, port: int) -> list[str]:
             "--drain-timeout",
             "10s",
             "--log-level",
-            "warning",
+            log_level,
             "--no-access-log",
         ]
-    if kind == "hypercorn":
+    if kind in ("hypercorn", "hypercorn-single"):
+        single = ["--workers", "0"] if kind == "hypercorn-single" else []
         return [
             sys.executable,
             "-m",
@@ -93,11 +101,32 @@ def _command(kind: str, target: str, port: int) -> list[str]:
             "--error-logfile",
             "-",
             "--log-level",
-            "warning",
+            log_level,
             "--graceful-timeout",
             "3",
+            *single,
         ]
-    raise ValueError(f"unknown server kind {kind!r}; expected one of {SERVER_KINDS}")
+    if kind == "gunicorn":
+        return [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            target,
+            "--worker-class",
+            "uvicorn_worker.UvicornWorker",
+            "--workers",
+            "1",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--log-level",
+            log_level,
+            "--graceful-timeout",
+            str(GUNICORN_GRACEFUL_TIMEOUT),
+            "--no-control-socket",
+        ]
+    raise ValueError(
+        f"unknown server kind {kind!r}; expected one of {SERVER_KINDS + MORE_SERVER_KINDS + SERVE_KINDS}"
+    )
 
 
 @dataclass
@@ -118,7 +147,12 @@ class RunningServer:
 
 
 def start_server(
-    kind: str, target: str, *, log_path: Path, environment: Mapping[str, str]
+    kind: str,
+    target: str,
+    *,
+    log_path: Path,
+    environment: Mapping[str, str],
+    log_level: str = "warning",
 ) -> RunningServer:
     """Start ``target`` (``module:app``) under ``kind``; return once its liveness probe answers."""
     port = free_port()
@@ -126,7 +160,7 @@ def start_server(
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(PROJECT_ROOT), env.get("PYTHONPATH"))))
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            _command(kind, target, port),
+            _command(kind, target, port, log_level),
             cwd=PROJECT_ROOT,
             env=env,
             stdin=subprocess.DEVNULL,

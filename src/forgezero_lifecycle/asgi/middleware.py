@@ -2,7 +2,9 @@
 
 Per connection, by ``scope["type"]``:
 
-* ``lifespan`` passes through untouched;
+* ``lifespan`` passes through, with the runtime's signal hook
+  (:mod:`forgezero_lifecycle.core.signal_drain`) installed at startup and put back at shutdown
+  (on the first request instead when the server runs without lifespan);
 * control-plane paths (``/.forgezero/runtime/…``, after ``root_path``) go to the control app,
   ahead of every user route and middleware, and are neither counted nor refused; so are scopes
   the user's ``exempt`` predicate picks;
@@ -38,6 +40,7 @@ from typing import Final, final
 
 from .._errors import ConnectionClosedByDrain
 from ..core.gate import IntakeGate
+from ..core.signal_drain import SignalDrain
 from ..wire.paths import CONTROL_PREFIX
 from ._body import discard_body
 from ._types import ASGIApp, Message, Receive, Scope, Send
@@ -71,8 +74,10 @@ class InFlightMiddleware:
         exempt: Callable[[Scope], bool] | None = None,
         retry_after: int = 1,
         websocket_close_code: int = 1012,
+        signals: SignalDrain | None = None,
     ) -> None:
         self.app = app
+        self._signals = signals
         self._gate = gate
         self._control = control
         self._exempt = exempt
@@ -88,8 +93,13 @@ class InFlightMiddleware:
         # The hot path: kept flat (no extra coroutine layer) since it runs on every request.
         kind = scope["type"]
         if kind != "http" and kind != "websocket":
+            if kind == "lifespan" and self._signals is not None:
+                await _lifespan_with_signals(self.app, scope, receive, send, self._signals)
+                return
             await self.app(scope, receive, send)
             return
+        if self._signals is not None and self._signals.pending:
+            self._signals.install()  # the server runs without lifespan: hook on the first request
         path: str = scope["path"]
         root: str = scope.get("root_path", "")
         if root and path.startswith(root):
@@ -215,6 +225,29 @@ class _WebSocketSession:
     def _abandon(self) -> None:
         self.ended = _ABANDONED_CODE
         logger.warning("drain.connection_abandoned kind=websocket")
+
+
+async def _lifespan_with_signals(
+    app: ASGIApp, scope: Scope, receive: Receive, send: Send, signals: SignalDrain
+) -> None:
+    """The app's lifespan with the signal hook around it: installed at startup (the server's
+    handlers are in place by then), put back as soon as ``lifespan.shutdown`` arrives."""
+    signals.install()
+    shutting_down = False
+
+    async def receive_watching_shutdown() -> Message:
+        nonlocal shutting_down
+        message = await receive()
+        if message["type"] == "lifespan.shutdown":
+            shutting_down = True
+            signals.uninstall()
+        return message
+
+    try:
+        await app(scope, receive_watching_shutdown, send)
+    finally:
+        # Without a shutdown the app does not speak lifespan: the first request tries again.
+        signals.uninstall(final=shutting_down)
 
 
 # _HttpResponder.flags: what one request has done so far.

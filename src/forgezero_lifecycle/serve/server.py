@@ -79,6 +79,7 @@ async def serve_app(
         timeout_graceful_shutdown=math.ceil(options.drain_timeout + SHUTDOWN_MARGIN),
     )
     server = _Server(config, stop, shared_listener=shared_listener)  # logging is set up now
+    runtime.signal_drain.disable()  # the handlers below turn signals into the drain instead
     if runtime_source == "app":
         logger.info("serve.runtime source=app: the app's own runtime, which agrees with the flags")
     else:

@@ -1,0 +1,341 @@
+"""SIGTERM drains under the server the user runs: the first signal begins a self-drain.
+
+``runtime.install(app)`` and then ``uvicorn myapp:app`` (or hypercorn, or gunicorn with the
+uvicorn worker): the server has installed its own SIGTERM/SIGINT handler by the time the app's
+lifespan starts, and :class:`SignalDrain` wraps it. The first signal begins the runtime's
+self-drain (:func:`~forgezero_lifecycle.core.self_drain.self_drain`) while the server keeps
+serving; once the drain settles (drained or failed) the server's own handlers are put back and
+the signal is handed to them, so the server's own stop begins only then. A second signal goes
+straight to the server's own handler: its own stop, at once.
+
+Two kinds of server handler are wrapped, as found at install time (in the main thread only):
+
+* a plain ``signal.signal`` handler: uvicorn's ``Server.handle_exit``, which gunicorn's
+  ``UvicornWorker`` runs too. Ours replaces it with ``signal.signal``; it only flags the signal
+  and schedules the drain on the loop with ``call_soon_threadsafe`` (a signal may arrive between
+  any two bytecodes, so nothing else happens in the handler);
+* a handler the event loop registered with ``loop.add_signal_handler`` (hypercorn's single-process
+  worker, ``--workers 0``). Python's handler is then asyncio's no-op and the callback sits in the
+  loop's private ``_signal_handlers`` table; ours replaces it through ``add_signal_handler``. The
+  loop dispatches such a handler itself, whatever Python's table holds, so a loop whose table
+  cannot be read (uvloop: ``hypercorn -k uvloop``) is left alone and reported unhookable.
+
+Nothing is hooked when no server handler is installed (the default disposition, or Python's own
+``KeyboardInterrupt`` handler for SIGINT, or ``asyncio.run``'s, as under pytest or
+``asgi_lifespan.LifespanManager``), nor when the app runs outside the main thread; a warning at startup then says that SIGTERM stops
+the process without a drain and that ``forgezero-lifecycle serve`` drains on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, Final, Literal, final
+
+from .drain import DrainController
+from .self_drain import self_drain
+
+__all__ = ["HOOKED_SIGNALS", "SignalDrain"]
+
+logger = logging.getLogger("forgezero_lifecycle.signals")
+
+#: The signals that begin a drain.
+HOOKED_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+
+_State = Literal["idle", "hooked", "unhookable", "done", "disabled"]
+_SignalHandler = Callable[[int, FrameType | None], Any]
+
+_UNHOOKABLE: Final = (
+    "signal.unhookable: SIGTERM cannot be hooked under this server (%s), so a SIGTERM stops it "
+    "without a drain; run the app with `forgezero-lifecycle serve` to drain on SIGTERM"
+)
+_NO_HANDLER: Final = (
+    "no server signal handler in this process; a server that takes signals in a parent "
+    "process, such as hypercorn with --workers 1 or more, stops this one without a signal"
+)
+
+
+@final
+class SignalDrain:
+    """The runtime's signal hook: :meth:`install` at lifespan startup, :meth:`uninstall` after."""
+
+    __slots__ = (
+        "_drain",
+        "_handler",
+        "_hooks",
+        "_loop",
+        "_revision",
+        "_signalled",
+        "_state",
+        "_task",
+        "_timeout",
+        "pending",
+    )
+
+    def __init__(
+        self, drain: DrainController, *, revision: str | None, timeout: float, enabled: bool = True
+    ) -> None:
+        self._drain = drain
+        self._revision = revision
+        self._timeout = timeout
+        self._state: _State = "idle" if enabled else "disabled"
+        self._hooks: dict[int, _Hook] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._signalled = False
+        self._task: asyncio.Task[None] | None = None
+        self._handler: _SignalHandler = self._on_signal
+        #: True while an install has not been tried yet (the first request tries it then).
+        self.pending = enabled
+
+    @property
+    def hooked(self) -> tuple[str, ...]:
+        """Names of the signals whose server handler is wrapped right now."""
+        return tuple(signal.Signals(signum).name for signum in self._hooks)
+
+    def disable(self) -> None:
+        """Never hook: for a server that turns signals into a drain itself (``serve``)."""
+        self._restore()
+        self._state = "disabled"
+        self.pending = False
+
+    def install(self) -> None:
+        """Wrap the server's SIGTERM/SIGINT handlers; call on the event loop's thread.
+
+        Tried once per lifespan (a retry after :meth:`uninstall` with ``final=False``).
+        """
+        if self._state not in ("idle", "done"):
+            return
+        self.pending = False
+        loop = asyncio.get_running_loop()
+        if threading.current_thread() is not threading.main_thread():
+            self._state = "unhookable"
+            logger.warning(_UNHOOKABLE, "the app runs outside the main thread")
+            return
+        found: dict[int, _Hook] = {}
+        reason = _NO_HANDLER
+        for signum in HOOKED_SIGNALS:
+            hook, why = _find_server_handler(signum, loop, self)
+            if hook is not None:
+                found[signum] = hook
+            elif signum == signal.SIGTERM:
+                reason = why
+        for hook in found.values():
+            hook.install()
+        self._hooks = found
+        self._loop = loop
+        self._signalled = False
+        self._state = "hooked" if found else "unhookable"
+        if signal.SIGTERM not in found:
+            logger.warning(_UNHOOKABLE, reason)
+        else:
+            logger.info("signal.hooked signals=%s", ",".join(self.hooked))
+
+    def uninstall(self, *, final: bool = True) -> None:
+        """Put the server's handlers back; ``final=False`` lets the next request try again."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()  # the server stops on its own (a second signal): stop following
+        self._task = None
+        self._restore()
+        if self._state != "disabled":
+            self._state = "done" if final else "idle"
+            self.pending = not final
+
+    # Signal delivery: first signal → drain; any later one → the server's own handler.
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Runs between two bytecodes of the main thread: flag, forward or schedule, nothing else.
+        if self._signalled:
+            self._forward(signum, frame)
+            return
+        self._signalled = True
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self._begin, signum)
+
+    def _on_loop_signal(self, signum: int) -> None:
+        if self._signalled:
+            self._forward(signum, None)
+            return
+        self._signalled = True
+        self._begin(signum)
+
+    def _forward(self, signum: int, frame: FrameType | None) -> None:
+        hook = self._hooks.get(signum)
+        if hook is not None:
+            hook.forward(frame)
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._forced, signum)
+
+    def _forced(self, signum: int) -> None:
+        # The server stops on its own now: stop following the drain (it would hand the first
+        # signal over a second time) and let every later signal reach the server directly.
+        logger.warning(
+            "signal.forced signal=%s: handed to the server's own handler before the drain settled",
+            signal.Signals(signum).name,
+        )
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._task = None
+        self._restore()
+
+    def _begin(self, signum: int) -> None:
+        if signum not in self._hooks:
+            return  # put back (or forced) while the signal was on its way: the server stops
+        logger.info(
+            "signal.drain signal=%s: draining within %.1f s; the server stops once the drain "
+            "settles (a second signal stops it now)",
+            signal.Signals(signum).name,
+            self._timeout,
+        )
+        self._task = asyncio.get_running_loop().create_task(self._drain_then_stop(signum))
+
+    async def _drain_then_stop(self, signum: int) -> None:
+        try:
+            state = await self_drain(
+                self._drain,
+                revision=self._revision,
+                timeout=self._timeout,
+                log=logger,
+                events="signal",
+            )
+        except Exception:
+            logger.exception("signal.drain_crashed: the server stops now")
+            state = "failed"
+        level = logging.INFO if state == "drained" else logging.WARNING
+        logger.log(level, "signal.drain_settled state=%s: the server stops now", state)
+        hook = self._hooks.get(signum)
+        self._restore()
+        self._task = None
+        if hook is not None:
+            hook.forward(None)
+
+    def _restore(self) -> None:
+        hooks, self._hooks = self._hooks, {}
+        for hook in hooks.values():
+            hook.restore()
+
+
+class _Hook:
+    """One wrapped server handler: install ours, forward to theirs, put theirs back."""
+
+    def install(self) -> None:
+        raise NotImplementedError
+
+    def forward(self, frame: FrameType | None) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+
+@final
+class _PlainHook(_Hook):
+    """A handler installed with ``signal.signal`` (uvicorn, gunicorn's ``UvicornWorker``)."""
+
+    __slots__ = ("_ours", "_server", "_signum")
+
+    def __init__(self, signum: int, server: _SignalHandler, ours: _SignalHandler) -> None:
+        self._signum = signum
+        self._server = server
+        self._ours = ours
+
+    def install(self) -> None:
+        signal.signal(self._signum, self._ours)
+
+    def forward(self, frame: FrameType | None) -> None:
+        self._server(self._signum, frame)
+
+    def restore(self) -> None:
+        if signal.getsignal(self._signum) == self._ours:  # unless someone replaced ours since
+            signal.signal(self._signum, self._server)
+
+
+@final
+class _LoopHook(_Hook):
+    """A handler registered with ``loop.add_signal_handler`` (hypercorn ``--workers 0``)."""
+
+    __slots__ = ("_args", "_callback", "_loop", "_ours", "_signum")
+
+    def __init__(
+        self,
+        signum: int,
+        loop: asyncio.AbstractEventLoop,
+        callback: Callable[..., object],
+        args: tuple[object, ...],
+        ours: Callable[[int], None],
+    ) -> None:
+        self._signum = signum
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._ours = ours
+
+    def install(self) -> None:
+        self._loop.add_signal_handler(self._signum, self._ours, self._signum)
+
+    def forward(self, frame: FrameType | None) -> None:
+        self._callback(*self._args)
+
+    def restore(self) -> None:
+        if self._loop.is_closed():
+            return
+        current = _loop_handler(self._loop, self._signum)
+        if current is not None and current[0] == self._ours:
+            self._loop.add_signal_handler(self._signum, self._callback, *self._args)
+
+
+def _find_server_handler(
+    signum: int, loop: asyncio.AbstractEventLoop, owner: SignalDrain
+) -> tuple[_Hook | None, str]:
+    """The server's handler of ``signum`` as a hook, or None and why it cannot be hooked."""
+    current = signal.getsignal(signum)
+    if current in (signal.SIG_DFL, signal.SIG_IGN, None, signal.default_int_handler):
+        return None, _NO_HANDLER
+    if isinstance(_owner(current), asyncio.Runner):
+        return None, _NO_HANDLER  # asyncio.run's own SIGINT → KeyboardInterrupt, no server's
+    assert callable(current)
+    if _belongs_to_a_loop(current):
+        # The loop registered the real handler and dispatches it itself (asyncio and uvloop
+        # both read the signal off their wakeup fd): only the loop's own table can replace it.
+        registered = _loop_handler(loop, signum)
+        if registered is None:
+            return None, "the event loop's signal handler cannot be read"
+        callback, args = registered
+        return _LoopHook(signum, loop, callback, args, owner._on_loop_signal), ""
+    return _PlainHook(signum, current, owner._handler), ""
+
+
+def _belongs_to_a_loop(handler: object) -> bool:
+    """True for what ``loop.add_signal_handler`` leaves in Python's signal table: asyncio's
+    module-level no-op, or a method of the loop itself (uvloop's)."""
+    if getattr(handler, "__name__", "") == "_sighandler_noop":
+        return True
+    return isinstance(_owner(handler), asyncio.AbstractEventLoop)
+
+
+def _owner(handler: object) -> object:
+    """The object a handler is a method of (through ``functools.partial``), or None."""
+    if isinstance(handler, functools.partial):
+        handler = handler.func
+    return getattr(handler, "__self__", None)
+
+
+def _loop_handler(
+    loop: asyncio.AbstractEventLoop, signum: int
+) -> tuple[Callable[..., object], tuple[object, ...]] | None:
+    """The callback ``loop.add_signal_handler`` registered for ``signum``, read from asyncio's
+    private ``_signal_handlers`` table (guarded: None when the loop has no such table)."""
+    table = getattr(loop, "_signal_handlers", None)
+    if not isinstance(table, dict):
+        return None
+    handle = table.get(signum)
+    callback = getattr(handle, "_callback", None)
+    args = getattr(handle, "_args", None)
+    if not callable(callback) or not isinstance(args, tuple):
+        return None
+    return callback, args
