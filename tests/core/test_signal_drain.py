@@ -238,6 +238,19 @@ def test_a_loop_whose_handler_table_cannot_be_read_is_not_hooked(
     assert "the event loop's signal handler cannot be read" in caplog.text
 
 
+def test_a_signal_after_the_loop_closed_goes_to_the_server(plain_server: ServerHandler) -> None:
+    """Left hooked when the loop is gone (lifespan off, no shutdown): the server decides."""
+    rt = runtime()
+    asyncio.run(_install(rt))
+    assert rt.signal_drain.hooked == ("SIGTERM", "SIGINT")
+
+    os.kill(os.getpid(), signal.SIGTERM)
+
+    assert plain_server.received == [signal.SIGTERM]
+    rt.signal_drain.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is plain_server
+
+
 async def test_nothing_is_hooked_outside_the_main_thread(
     plain_server: ServerHandler, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -153,14 +153,17 @@ def start_server(
     log_path: Path,
     environment: Mapping[str, str],
     log_level: str = "warning",
+    extra_args: Sequence[str] = (),
 ) -> RunningServer:
-    """Start ``target`` (``module:app``) under ``kind``; return once its liveness probe answers."""
+    """Start ``target`` (``module:app``) under ``kind``; return once its liveness probe answers.
+
+    ``extra_args`` go to the server's command line after the ones ``kind`` stands for."""
     port = free_port()
     env = {**os.environ, **environment}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(PROJECT_ROOT), env.get("PYTHONPATH"))))
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            _command(kind, target, port, log_level),
+            [*_command(kind, target, port, log_level), *extra_args],
             cwd=PROJECT_ROOT,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -44,7 +44,7 @@ def start(tmp_path: Path) -> Iterator[Any]:
     """Start tests/server/signal_app.py under a server kind; every process is stopped by PID."""
     started: list[RunningServer] = []
 
-    def run(kind: str, drain_timeout: float) -> RunningServer:
+    def run(kind: str, drain_timeout: float, *extra_args: str) -> RunningServer:
         server = start_server(
             kind,
             "tests.server.signal_app:app",
@@ -56,6 +56,7 @@ def start(tmp_path: Path) -> Iterator[Any]:
                 "FORGEZERO_SIGNAL_DRAIN_TIMEOUT": str(drain_timeout),
             },
             log_level="info",
+            extra_args=extra_args,
         )
         started.append(server)
         return server
@@ -183,6 +184,25 @@ async def test_second_signal_goes_to_the_server_at_once(start: Any, kind: str) -
     assert "signal.forced signal=SIGTERM" in log
     stopped = log.index(UVICORN_SHUTDOWN if kind != "hypercorn-single" else "signal.forced")
     assert "signal.drain_settled" not in log[:stopped]
+
+
+@pytest.mark.parametrize("kind", ["uvicorn-h11", "uvicorn-httptools"])
+async def test_with_lifespan_off_the_first_request_hooks(start: Any, kind: str) -> None:
+    """``--lifespan off``: the hook is installed by the first request and SIGTERM drains."""
+    server: RunningServer = start(kind, 15.0, "--lifespan", "off")
+    async with httpx.AsyncClient(base_url=server.url, timeout=BOUND) as client:
+        assert (await client.get(PROCESS)).json()["hooked"] == ["SIGTERM", "SIGINT"]
+        slow = asyncio.create_task(client.get("/slow", params={"seconds": "2"}))
+        await _wait_for(lambda: _admitted(client, 1, 0), "admitted", server)
+        server.process.send_signal(signal.SIGTERM)
+        await _wait_for(lambda: _not_ready(client), "not ready", server)
+        response = await slow
+    await _wait_exit(server)
+
+    assert response.status_code == 200
+    log = server.log()
+    assert APP_SHUTDOWN not in log  # no lifespan at all
+    assert log.index(SETTLED) < log.index(UVICORN_SHUTDOWN)
 
 
 async def test_hypercorn_with_a_parent_process_cannot_be_hooked_and_says_so(start: Any) -> None:

@@ -153,9 +153,8 @@ class SignalDrain:
             self._forward(signum, frame)
             return
         self._signalled = True
-        loop = self._loop
-        if loop is not None:
-            loop.call_soon_threadsafe(self._begin, signum)
+        if not self._call_soon(self._begin, signum):
+            self._forward(signum, frame)  # the loop is gone: the server decides alone
 
     def _on_loop_signal(self, signum: int) -> None:
         if self._signalled:
@@ -168,8 +167,18 @@ class SignalDrain:
         hook = self._hooks.get(signum)
         if hook is not None:
             hook.forward(frame)
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._forced, signum)
+            self._call_soon(self._forced, signum)
+
+    def _call_soon(self, callback: Callable[[int], None], signum: int) -> bool:
+        """Schedule on the loop from a signal handler; False when the loop is closed."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return False
+        try:
+            loop.call_soon_threadsafe(callback, signum)
+        except RuntimeError:  # closed in the meantime
+            return False
+        return True
 
     def _forced(self, signum: int) -> None:
         # The server stops on its own now: stop following the drain (it would hand the first
