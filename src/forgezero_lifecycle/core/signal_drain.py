@@ -22,8 +22,10 @@ Two kinds of server handler are wrapped, as found at install time (in the main t
 
 Nothing is hooked when no server handler is installed (the default disposition, or Python's own
 ``KeyboardInterrupt`` handler for SIGINT, or ``asyncio.run``'s, as under pytest or
-``asgi_lifespan.LifespanManager``), nor when the app runs outside the main thread; a warning at startup then says that SIGTERM stops
-the process without a drain and that ``forgezero-lifecycle serve`` drains on SIGTERM.
+``asgi_lifespan.LifespanManager``), nor when the app runs outside the main thread; a warning at
+startup then says that SIGTERM stops the process without a drain and that
+``forgezero-lifecycle serve`` drains on SIGTERM. A server that takes signals in a parent process
+and stops its workers another way (hypercorn's default ``--workers 1``) cannot be hooked either.
 """
 
 from __future__ import annotations
