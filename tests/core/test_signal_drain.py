@@ -17,7 +17,12 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+import httpx
 import pytest
+from asgi_lifespan import LifespanManager
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
 from forgezero_lifecycle._errors import ConfigurationError
 from forgezero_lifecycle.core.self_drain import UNKNOWN_REVISION, self_drain_request
@@ -249,6 +254,28 @@ def test_a_signal_after_the_loop_closed_goes_to_the_server(plain_server: ServerH
     assert plain_server.received == [signal.SIGTERM]
     rt.signal_drain.uninstall()
     assert signal.getsignal(signal.SIGTERM) is plain_server
+
+
+async def test_under_lifespan_manager_nothing_is_hooked_and_one_warning_says_so(
+    restored_signals: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In-process (asgi-lifespan + httpx): no server handler, so the startup warns once."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    rt = runtime()
+    app = Starlette(routes=[Route("/", lambda request: PlainTextResponse("ok"))])
+    rt.install(app)
+    with caplog.at_level(logging.WARNING, logger="forgezero_lifecycle.signals"):
+        async with LifespanManager(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+                assert (await client.get("/")).status_code == 200
+            hooked = rt.signal_drain.hooked
+
+    assert hooked == ()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert [r.getMessage()[:40] for r in caplog.records] == [
+        "signal.unhookable: SIGTERM cannot be hoo"
+    ]
 
 
 async def test_nothing_is_hooked_outside_the_main_thread(
