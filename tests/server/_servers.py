@@ -154,12 +154,17 @@ def start_server(
     environment: Mapping[str, str],
     log_level: str = "warning",
     extra_args: Sequence[str] = (),
+    measured: bool = True,
 ) -> RunningServer:
     """Start ``target`` (``module:app``) under ``kind``; return once its liveness probe answers.
 
-    ``extra_args`` go to the server's command line after the ones ``kind`` stands for."""
+    ``extra_args`` go to the server's command line after the ones ``kind`` stands for.
+    ``measured=False`` keeps coverage out of the process: coverage installs a SIGTERM handler of
+    its own in every process it measures, which a test of signal handling must not see."""
     port = free_port()
     env = {**os.environ, **environment}
+    if not measured:
+        env.pop("COVERAGE_PROCESS_CONFIG", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(PROJECT_ROOT), env.get("PYTHONPATH"))))
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(

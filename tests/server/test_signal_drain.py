@@ -44,7 +44,9 @@ def start(tmp_path: Path) -> Iterator[Any]:
     """Start tests/server/signal_app.py under a server kind; every process is stopped by PID."""
     started: list[RunningServer] = []
 
-    def run(kind: str, drain_timeout: float, *extra_args: str) -> RunningServer:
+    def run(
+        kind: str, drain_timeout: float, *extra_args: str, measured: bool = True
+    ) -> RunningServer:
         server = start_server(
             kind,
             "tests.server.signal_app:app",
@@ -57,6 +59,7 @@ def start(tmp_path: Path) -> Iterator[Any]:
             },
             log_level="info",
             extra_args=extra_args,
+            measured=measured,
         )
         started.append(server)
         return server
@@ -208,7 +211,8 @@ async def test_with_lifespan_off_the_first_request_hooks(start: Any, kind: str) 
 async def test_hypercorn_with_a_parent_process_cannot_be_hooked_and_says_so(start: Any) -> None:
     """hypercorn's default runs the app in a child that never gets the signal: nothing is
     hooked, a startup warning names ``forgezero-lifecycle serve``, and SIGTERM is hypercorn's."""
-    server: RunningServer = start("hypercorn", 15.0)
+    # Unmeasured: coverage's own SIGTERM handler in the child would be a handler to hook.
+    server: RunningServer = start("hypercorn", 15.0, measured=False)
     async with httpx.AsyncClient(base_url=server.url, timeout=BOUND) as client:
         assert (await client.get(PROCESS)).json()["hooked"] == []
     server.process.send_signal(signal.SIGTERM)
