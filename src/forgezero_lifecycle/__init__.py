@@ -99,6 +99,7 @@ from .wire.handoff import StateHandoffStatus as StateHandoffStatus
 from .wire.handoff import StateImportContext as StateImportContext
 from .wire.handoff import StateSource as StateSource
 from .wire.paths import RUNTIME_DRAIN_BEGIN_PATH as RUNTIME_DRAIN_BEGIN_PATH
+from .wire.paths import RUNTIME_DRAIN_CURRENT_PATH as RUNTIME_DRAIN_CURRENT_PATH
 from .wire.paths import RUNTIME_DRAIN_ROLLBACK_PATH as RUNTIME_DRAIN_ROLLBACK_PATH
 from .wire.paths import RUNTIME_DRAIN_STATUS_PATH as RUNTIME_DRAIN_STATUS_PATH
 from .wire.paths import RUNTIME_LIVE_PATH as RUNTIME_LIVE_PATH
@@ -118,6 +119,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RUNTIME_DRAIN_BEGIN_PATH",
+    "RUNTIME_DRAIN_CURRENT_PATH",
     "RUNTIME_DRAIN_ROLLBACK_PATH",
     "RUNTIME_DRAIN_STATUS_PATH",
     "RUNTIME_LIVE_PATH",

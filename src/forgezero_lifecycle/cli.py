@@ -121,7 +121,10 @@ async def _drain(args: argparse.Namespace) -> int:
 
 async def _status(args: argparse.Namespace) -> int:
     async with _client(args, args.url) as client:
-        status = await client.drain_status(args.nonce)
+        if args.nonce is None:
+            status = await client.current_drain()
+        else:
+            status = await client.drain_status(args.nonce)
     return _report(args, status.model_dump(mode="json", exclude_none=True))
 
 
@@ -320,9 +323,11 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_argument("--url", required=True, help="base URL of the generation to drain")
     drain.add_argument("--source-revision", required=True, type=serve.parse_revision, metavar="REV")
     drain.add_argument("--target-revision", required=True, type=serve.parse_revision, metavar="REV")
-    status = command("status", "show a drain's status")
+    status = command("status", "show a drain's status (the running drain's without --nonce)")
     status.add_argument("--url", required=True)
-    status.add_argument("--nonce", required=True, type=_nonce)
+    status.add_argument(
+        "--nonce", type=_nonce, help="the drain to show; default the running one (nonce shown)"
+    )
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     rollback = command("rollback", "return a draining, drained or failed generation to serving")
     rollback.add_argument("--url", required=True)

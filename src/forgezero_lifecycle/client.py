@@ -169,6 +169,13 @@ class ControlClient:
         params = {"nonce": nonce}
         return await self._call(DrainStatus, "GET", paths.RUNTIME_DRAIN_STATUS_PATH, params=params)
 
+    async def current_drain(self) -> DrainStatus:
+        """The running drain's status, nonce included (404 ``RUNTIME_DRAIN_NOT_FOUND`` if none).
+
+        For an operator who lost the nonce: a hook that timed out, a CLI run elsewhere.
+        """
+        return await self._call(DrainStatus, "GET", paths.RUNTIME_DRAIN_CURRENT_PATH)
+
     async def wait_drained(
         self,
         nonce: str,
@@ -379,6 +386,7 @@ class SyncControlClient:
 
     begin_drain = _blocking(ControlClient.begin_drain)
     drain_status = _blocking(ControlClient.drain_status)
+    current_drain = _blocking(ControlClient.current_drain)
     rollback = _blocking(ControlClient.rollback)
     export_state = _blocking(ControlClient.export_state)
     begin_handoff = _blocking(ControlClient.begin_handoff)

@@ -251,3 +251,38 @@ async def test_an_early_answer_reads_the_rest_of_the_body_first() -> None:
     }
     await runtime.control(scope, receive, send)
     assert events == ["receive", "receive", "http.response.start", "http.response.body"]
+
+
+CURRENT = "/.forgezero/runtime/drain/v1/current"
+
+
+async def test_current_drain_is_404_when_serving_and_the_full_status_while_draining(
+    client: tuple[httpx.AsyncClient, Runtime],
+) -> None:
+    """GET drain/v1/current finds the running drain without its nonce; 404 with a detail if none."""
+    http, _ = client
+    none = await http.get(CURRENT, headers=AUTH)
+    assert none.status_code == 404
+    assert none.json()["error"] == "RUNTIME_DRAIN_NOT_FOUND"
+    assert "no drain is running" in none.json()["detail"]
+    await http.post(BEGIN, json=drain_request(), headers=AUTH)
+    current = await http.get(CURRENT, headers=AUTH)
+    by_nonce = await http.get(STATUS, params={"nonce": NONCE}, headers=AUTH)
+    assert current.status_code == 200
+    assert current.json()["nonce"] == NONCE
+    assert current.json() == by_nonce.json()
+    assert current.headers["cache-control"] == "no-store"
+    await http.post(ROLLBACK, json={"nonce": NONCE}, headers=AUTH)
+    assert (await http.get(CURRENT, headers=AUTH)).status_code == 404
+
+
+async def test_current_drain_needs_the_control_token(
+    client: tuple[httpx.AsyncClient, Runtime],
+) -> None:
+    """The nonce is what rollback needs: without the control token current reveals nothing."""
+    http, _ = client
+    await http.post(BEGIN, json=drain_request(), headers=AUTH)
+    for headers in ({}, {"authorization": f"Bearer {HANDOFF_TOKEN}"}):
+        response = await http.get(CURRENT, headers=headers)
+        assert (response.status_code, response.json()["error"]) == (401, "RUNTIME_UNAUTHORIZED")
+        assert NONCE not in response.text

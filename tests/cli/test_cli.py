@@ -57,11 +57,17 @@ def test_no_wait_then_status_then_rollback(
     still = run(capsys, "status", "--url", served.url, "--nonce=" + nonce)
     assert still.code == 4
     assert still.out.startswith("draining")
+    found = run(capsys, "status", "--url", served.url, "--json")  # no nonce: the running drain
+    assert found.code == 4
+    assert json.loads(found.out)["nonce"] == nonce
     assert run(capsys, "ready", "--url", served.url).code == 1
     back = run(capsys, "rollback", "--url", served.url, "--nonce=" + nonce, "--json")
     assert back.code == 0, back
     assert json.loads(back.out)["status"] == "rolled-back"
     assert run(capsys, "ready", "--url", served.url).code == 0
+    serving = run(capsys, "status", "--url", served.url)
+    assert serving.code == 1
+    assert "no drain is running" in serving.err
     served.join()
 
 

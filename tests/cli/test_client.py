@@ -191,6 +191,27 @@ async def test_wait_drained_reports_progress_until_final() -> None:
 
 
 @pytest.mark.anyio
+async def test_current_drain_asks_without_a_nonce_and_maps_404() -> None:
+    """current_drain() GETs drain/v1/current with the control token; 404 is DrainNotFound."""
+    nonce = new_nonce()
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if len(seen) == 1:
+            return _json(200, _status("draining", nonce))
+        return _json(404, {"error": "RUNTIME_DRAIN_NOT_FOUND", "detail": "no drain is running"})
+
+    async with _client(handler) as client:
+        assert (await client.current_drain()).nonce == nonce
+        with pytest.raises(DrainNotFound):
+            await client.current_drain()
+    assert seen[0].url.path == "/.forgezero/runtime/drain/v1/current"
+    assert not seen[0].url.query
+    assert seen[0].headers["authorization"] == f"Bearer {CONTROL_TOKEN}"
+
+
+@pytest.mark.anyio
 async def test_ready_and_export_use_the_right_credentials() -> None:
     """Probes carry no token; export carries the handoff token, not the control token."""
     seen: list[httpx.Request] = []
@@ -277,3 +298,4 @@ def test_sync_facade_runs_the_same_calls() -> None:
         assert client.begin_drain(request).duplicate is False
         assert client.wait_drained(nonce, timeout=5.0).status == "drained"
         assert client.drain_status(nonce).in_flight.http == 1
+        assert client.current_drain().nonce == nonce

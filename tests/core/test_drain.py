@@ -157,3 +157,19 @@ async def test_invalid_requests_change_nothing(deps: Deps, body: object) -> None
         controller.begin(body)
     assert deps.calls == []
     assert not controller.active
+
+
+async def test_current_finds_the_running_drain_until_it_is_rolled_back(deps: Deps) -> None:
+    """current() needs no nonce: it reports the running drain (drained too), none once serving."""
+    controller = DrainController(deps)
+    with pytest.raises(DrainNotFound, match="serving"):
+        controller.current()
+    controller.begin(request())
+    assert (controller.current().nonce, controller.current().status) == (NONCE, "draining")
+    deps.requests_done.set()
+    assert await controller.wait() == "drained"
+    assert controller.current() == controller.status(NONCE)
+    controller.rollback(NONCE)
+    with pytest.raises(DrainNotFound):
+        controller.current()
+    assert controller.status(NONCE).status == "rolled-back"

@@ -154,11 +154,12 @@ async def test_state_changing_endpoint_without_the_right_token_is_401_and_change
     ("path", "kind"),
     [
         (paths.RUNTIME_DRAIN_STATUS_PATH, "control"),
+        (paths.RUNTIME_DRAIN_CURRENT_PATH, "control"),
         (paths.RUNTIME_STATE_STATUS_PATH, "control"),
         (paths.RUNTIME_SCHEDULES_STATUS_PATH, "control"),
         (paths.RUNTIME_STATE_EXPORT_PATH, "handoff"),
     ],
-    ids=["drain-status", "state-status", "schedules-status", "state-export"],
+    ids=["drain-status", "drain-current", "state-status", "schedules-status", "state-export"],
 )
 @pytest.mark.parametrize("bad", list(CONTROL_BAD), ids=list(CONTROL_BAD))
 async def test_reading_endpoint_without_the_right_token_is_401(

@@ -53,6 +53,7 @@ ROUTES: Final[dict[str, tuple[str, str, dict[int, set[str]]]]] = {
         },
     ),
     paths.RUNTIME_DRAIN_STATUS_PATH: ("GET", "control", {404: {"RUNTIME_DRAIN_NOT_FOUND"}}),
+    paths.RUNTIME_DRAIN_CURRENT_PATH: ("GET", "control", {404: {"RUNTIME_DRAIN_NOT_FOUND"}}),
     paths.RUNTIME_DRAIN_ROLLBACK_PATH: (
         "POST",
         "control",

@@ -108,6 +108,7 @@ class ControlApp:
             paths.RUNTIME_DRAIN_BEGIN_PATH: _Route(self._drain_begin, "POST", "control"),
             paths.RUNTIME_DRAIN_STATUS_PATH: _Route(self._drain_status, "GET", "control"),
             paths.RUNTIME_DRAIN_ROLLBACK_PATH: _Route(self._drain_rollback, "POST", "control"),
+            paths.RUNTIME_DRAIN_CURRENT_PATH: _Route(self._drain_current, "GET", "control"),
             paths.RUNTIME_STATE_EXPORT_PATH: _Route(self._state_export, "GET", "handoff"),
             paths.RUNTIME_STATE_BEGIN_PATH: _Route(self._state_begin, "POST", "control"),
             paths.RUNTIME_STATE_STATUS_PATH: _Route(self._state_status, "GET", "control"),
@@ -186,6 +187,10 @@ class ControlApp:
         if nonce is None:
             raise DrainNotFound(detail="the nonce query parameter is required")
         status = self._drain.status(nonce)
+        return _json(status.model_dump(mode="json", exclude_none=True), 200)
+
+    async def _drain_current(self, request: Request) -> Response:
+        status = self._drain.current()
         return _json(status.model_dump(mode="json", exclude_none=True), 200)
 
     async def _drain_rollback(self, request: Request) -> Response:

@@ -132,6 +132,20 @@ class DrainController:
             failure=self._failure,
         )
 
+    def current(self) -> DrainStatus:
+        """The running drain's status, nonce included, for a caller who does not know the nonce.
+
+        A drain is running from ``begin`` until it is rolled back (drained and failed included:
+        intake stays closed); otherwise the generation is serving and there is none.
+        """
+        if not self.active:
+            raise DrainNotFound(
+                detail="no drain is running: this generation is serving "
+                "(a rolled-back drain is still found by status with its nonce)"
+            )
+        assert self._request is not None
+        return self.status(self._request.nonce)
+
     def rollback(self, nonce: object) -> DrainStatus:
         """Return a draining, drained or failed generation to serving."""
         request = self._find(nonce)

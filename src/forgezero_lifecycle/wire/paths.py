@@ -7,6 +7,7 @@ from typing import Final
 __all__ = [
     "CONTROL_PREFIX",
     "RUNTIME_DRAIN_BEGIN_PATH",
+    "RUNTIME_DRAIN_CURRENT_PATH",
     "RUNTIME_DRAIN_ROLLBACK_PATH",
     "RUNTIME_DRAIN_STATUS_PATH",
     "RUNTIME_LIVE_PATH",
@@ -23,6 +24,8 @@ CONTROL_PREFIX: Final = "/.forgezero/runtime/"
 RUNTIME_DRAIN_BEGIN_PATH: Final = "/.forgezero/runtime/drain/v1/begin"
 RUNTIME_DRAIN_STATUS_PATH: Final = "/.forgezero/runtime/drain/v1/status"
 RUNTIME_DRAIN_ROLLBACK_PATH: Final = "/.forgezero/runtime/drain/v1/rollback"
+#: The port's addition: the running drain's status without its nonce (an operator who lost it).
+RUNTIME_DRAIN_CURRENT_PATH: Final = "/.forgezero/runtime/drain/v1/current"
 RUNTIME_STATE_EXPORT_PATH: Final = "/.forgezero/runtime/state/v1/export"
 RUNTIME_STATE_BEGIN_PATH: Final = "/.forgezero/runtime/state/v1/begin"
 RUNTIME_STATE_STATUS_PATH: Final = "/.forgezero/runtime/state/v1/status"
