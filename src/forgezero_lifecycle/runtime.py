@@ -38,6 +38,7 @@ from starlette.applications import Starlette
 
 from ._clock import Clock, SystemClock
 from ._errors import ConfigurationError
+from ._events import emit
 from ._tokens import check_token_pair
 from .asgi._types import ASGIApp, Scope
 from .asgi.control import ControlApp
@@ -112,7 +113,7 @@ class Runtime:
         self._began_at = 0.0
         self._timeout = 0.0
         self._closer: asyncio.Task[None] | None = None
-        self.drain = DrainController(_Dependencies(self), revision=revision)
+        self.drain = DrainController(_Dependencies(self), revision=revision, clock=self._clock)
         #: The hook that turns SIGTERM/SIGINT under the user's server into a self-drain.
         self.signal_drain = SignalDrain(
             self.drain, revision=revision, timeout=signal_drain_timeout, enabled=drain_on_signal
@@ -220,6 +221,7 @@ class Runtime:
         self._began_at = self._clock.monotonic()
         self.draining.set()
         self.gate.begin_draining()
+        emit(logger, logging.INFO, "drain.readiness_off", not_ready_grace_s=self._not_ready_grace)
         if self._not_ready_grace <= 0:
             self._close_intake()
         else:
@@ -236,7 +238,10 @@ class Runtime:
         for participant in self._participants:
             participant.pause_intake()
         self._closed.set()
-        logger.info("drain.intake_closed")
+        emit(logger, logging.INFO, "drain.intake_closed", elapsed_s=self._elapsed())
+
+    def _elapsed(self) -> float:
+        return round(self._clock.monotonic() - self._began_at, 3)
 
     def _remaining(self) -> float:
         return max(0.0, self._timeout - (self._clock.monotonic() - self._began_at))
@@ -249,14 +254,26 @@ class Runtime:
         notice_after = min(self._stream_grace, self._remaining() / 2)
         if await _first(self.gate.wait_idle(), self._clock.sleep(notice_after)):
             return
-        logger.info("drain.stream_notice in_flight=%s", self.gate.counters())
+        emit(
+            logger,
+            logging.INFO,
+            "drain.stream_notice",
+            elapsed_s=self._elapsed(),
+            **self.gate.counters(),
+        )
         self.gate.end_streams()
         cutoff_after = max(0.0, self._remaining() - self._release_margin())
         if await _first(self.gate.wait_idle(), self._clock.sleep(cutoff_after)):
             return
         # The same margin as durable jobs: sends still blocked by clients that do not read are
         # given up now, so those connections are counted out before the deadline.
-        logger.warning("drain.cutoff in_flight=%s", self.gate.counters())
+        emit(
+            logger,
+            logging.WARNING,
+            "drain.cutoff",
+            elapsed_s=self._elapsed(),
+            **self.gate.counters(),
+        )
         self.gate.cut_off()
         await self.gate.wait_idle()
 

@@ -22,7 +22,9 @@ import logging
 from collections.abc import Awaitable, Mapping
 from typing import Final, Protocol, final
 
+from .._clock import Clock, SystemClock
 from .._errors import DrainConflict, DrainFailed, DrainNotFound, LifecycleError
+from .._events import emit, nonce_prefix
 from ..wire._types import is_nonce
 from ..wire.drain import (
     DrainAccepted,
@@ -67,9 +69,18 @@ class DrainDependencies(Protocol):
 class DrainController:
     """One drain per process, observable through :meth:`status`, reversible by :meth:`rollback`."""
 
-    def __init__(self, dependencies: DrainDependencies, *, revision: str | None = None) -> None:
+    def __init__(
+        self,
+        dependencies: DrainDependencies,
+        *,
+        revision: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self._deps = dependencies
         self._revision = revision
+        # Only measures how long a drain took (events, metrics); the deadline is deps.sleep.
+        self._clock: Clock = clock or SystemClock()
+        self._began_at = 0.0
         self._request: DrainRequest | None = None
         self._state: DrainState = "draining"
         self._failure: str | None = None
@@ -118,7 +129,16 @@ class DrainController:
         self._state = "draining"
         self._failure = None
         self._settled = asyncio.Event()
-        logger.info("drain.begin nonce=%s timeout_ms=%d", parsed.nonce[:8], parsed.timeout_ms)
+        self._began_at = self._clock.monotonic()
+        emit(
+            logger,
+            logging.INFO,
+            "drain.begin",
+            nonce_prefix=nonce_prefix(parsed.nonce),
+            source_revision=parsed.source_revision,
+            target_revision=parsed.target_revision,
+            timeout_ms=parsed.timeout_ms,
+        )
         self._start(parsed.timeout_ms)
         return DrainAccepted(duplicate=False)
 
@@ -153,11 +173,19 @@ class DrainController:
             if self._task is not None and not self._task.done():
                 self._task.cancel()
             self._deps.resume()
+            rolled_from = self._state
             self._state = "rolled-back"
             self._failure = None
             self._retired_nonces.add(request.nonce)
             self._settled.set()
-            logger.info("drain.rollback nonce=%s", request.nonce[:8])
+            emit(
+                logger,
+                logging.INFO,
+                "drain.rollback",
+                nonce_prefix=nonce_prefix(request.nonce),
+                rolled_from=rolled_from,
+                elapsed_s=self._elapsed(),
+            )
         return self.status(request.nonce)
 
     async def wait(self) -> DrainState:
@@ -221,10 +249,34 @@ class DrainController:
         self._state = state
         self._failure = failure
         self._settled.set()
+        assert self._request is not None
+        prefix = nonce_prefix(self._request.nonce)
         if state == "drained":
-            logger.info("drain.drained")
-        else:
-            logger.warning("drain.failed failure=%s", failure)
+            emit(
+                logger,
+                logging.INFO,
+                "drain.drained",
+                nonce_prefix=prefix,
+                elapsed_s=self._elapsed(),
+            )
+            return
+        try:
+            left = self._deps.work_counters()
+            counters = validate_counters(left).model_dump()
+        except Exception:  # a counter error is the failure itself; the event still goes out
+            counters = {}
+        emit(
+            logger,
+            logging.WARNING,
+            "drain.failed",
+            nonce_prefix=prefix,
+            failure=failure,
+            elapsed_s=self._elapsed(),
+            **counters,
+        )
+
+    def _elapsed(self) -> float:
+        return round(self._clock.monotonic() - self._began_at, 3)
 
 
 async def _all(awaitables: list[Awaitable[None]]) -> None:

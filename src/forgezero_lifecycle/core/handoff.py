@@ -29,6 +29,7 @@ from .._errors import (
     StateNotFound,
     StateTransferFailed,
 )
+from .._events import emit, nonce_prefix
 from ..wire._types import is_nonce, is_revision, safe_int
 from ..wire.handoff import (
     SOURCE_SLACK_BYTES,
@@ -149,7 +150,16 @@ class StateHandoffController(Generic[T]):
             raise
         except Exception as exc:
             raise _export_invalid(f"export_state raised {type(exc).__name__}") from exc
-        return self._codec.seal(cursor, value, source_revision, target_revision)
+        envelope, document = self._codec.seal(cursor, value, source_revision, target_revision)
+        emit(
+            logger,
+            logging.INFO,
+            "handoff.exported",
+            target_revision=target_revision,
+            bytes=len(document),
+            digest=envelope.digest,
+        )
+        return envelope, document
 
     # -- the new generation: begin, status -----------------------------------------------------
 
@@ -175,6 +185,16 @@ class StateHandoffController(Generic[T]):
         self._request = parsed
         self._status = _status(parsed, "pending")
         self._task = loop.create_task(self._run(parsed, url, timeout / 1000))
+        emit(
+            logger,
+            logging.INFO,
+            "handoff.begin",
+            nonce_prefix=nonce_prefix(parsed.nonce),
+            protocol=parsed.protocol,
+            schema_version=parsed.schema_version,
+            source_revision=parsed.source_revision,
+            timeout_ms=timeout,
+        )
         return {"accepted": True, "duplicate": False}
 
     def status(self, nonce: object) -> StateHandoffStatus:
@@ -202,6 +222,7 @@ class StateHandoffController(Generic[T]):
             auth = request.source.authorization
             fetch = self._fetch(url, auth, transport=self._transport, limit=limit)
             document = await self._within(fetch, seconds)
+            emit(logger, logging.INFO, "handoff.fetched", nonce_prefix=nonce_prefix(request.nonce))
             value, context = self._codec.open(request, document)
             try:
                 await self._adapter.import_state(value, context)
@@ -217,7 +238,7 @@ class StateHandoffController(Generic[T]):
         except LifecycleError as exc:
             self._settle(request, "failed", exc.code)
         except Exception:
-            logger.exception("state handoff %s failed unexpectedly", request.nonce)
+            logger.exception("handoff.internal_error nonce_prefix=%s", nonce_prefix(request.nonce))
             self._settle(request, "failed", "RUNTIME_STATE_FAILED")
 
     def _settle(
@@ -225,7 +246,23 @@ class StateHandoffController(Generic[T]):
     ) -> None:
         self._status = _status(request, status, failure=failure, **extra)
         self._settled.set()
-        logger.info("state handoff %s %s %s", request.nonce, status, failure or "")
+        if status == "acknowledged":
+            emit(
+                logger,
+                logging.INFO,
+                "handoff.acknowledged",
+                nonce_prefix=nonce_prefix(request.nonce),
+                cursor=extra.get("cursor"),
+                digest=extra.get("digest"),
+            )
+        else:
+            emit(
+                logger,
+                logging.WARNING,
+                "handoff.failed",
+                nonce_prefix=nonce_prefix(request.nonce),
+                failure=failure,
+            )
 
     async def _within(self, work: Awaitable[R], seconds: float) -> R:
         """``work`` raced against the clock; on the deadline it is cancelled and awaited."""

@@ -31,6 +31,7 @@ from typing import Any, Generic, Literal, TypeVar, final
 
 from .._clock import Clock, SystemClock
 from .._errors import ConfigurationError, JobStateError
+from .._events import emit
 from ._batcher import CompletionBatcher, wait_event_or_sleep
 from ._runner import Handler, JobRunner, WorkerStats
 from .store import ConnT, JobStore, exponential_backoff
@@ -139,9 +140,10 @@ class JobWorker(Generic[ConnT]):
         deadline = self._clock.monotonic() + timeout
         margin = min(self._release_margin, timeout / 4)
         runner = self._runner
+        released_before = runner.counts["released"]
         await self._wait(runner.idle, deadline - margin)
-        if runner.runs:
-            logger.info("jobs.drain.cancel owner=%s running=%d", self._owner, len(runner.runs))
+        cancelled = len(runner.runs)
+        if cancelled:
             runner.cancel_running()
             await self._wait(runner.idle, deadline - margin / 2)
         # Releasing can wait on a completion that holds the row (or SQLite's write) lock, so
@@ -155,8 +157,15 @@ class JobWorker(Generic[ConnT]):
         rest.add_done_callback(self._task_ended)
         rest.add_done_callback(lambda _: finished.set())
         await self._wait(finished, deadline)
-        if not rest.done():
-            logger.warning("jobs.drain.release_pending owner=%s", self._owner)
+        emit(
+            logger,
+            logging.INFO if rest.done() else logging.WARNING,
+            "drain.jobs_released",
+            owner=self._owner,
+            cancelled=cancelled,
+            released=runner.counts["released"] - released_before,
+            pending=not rest.done(),
+        )
 
     async def _release_rest(self) -> None:
         runner = self._runner
@@ -169,7 +178,7 @@ class JobWorker(Generic[ConnT]):
         else:
             if raced:
                 runner.counts["released"] += raced
-                logger.info("jobs.drain.released_raced owner=%s count=%d", self._owner, raced)
+                logger.debug("jobs.drain.released_raced owner=%s count=%d", self._owner, raced)
 
     async def _wait(self, event: asyncio.Event, until: float) -> None:
         await wait_event_or_sleep(event, until - self._clock.monotonic(), self._clock)
