@@ -43,12 +43,14 @@ from ._tokens import check_token_pair
 from .asgi._types import ASGIApp, Scope
 from .asgi.control import ControlApp
 from .asgi.middleware import InFlightMiddleware
+from .asgi.published import Document, PublishedDocuments
 from .core.drain import DrainController
 from .core.gate import IntakeGate
 from .core.handoff import StateAdapter, StateHandoffController
 from .core.participant import WorkParticipant
 from .core.scheduler import SchedulerParticipant
 from .core.signal_drain import SignalDrain
+from .wire import paths
 from .wire._types import is_revision
 from .wire.drain import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, WorkCounters
 
@@ -88,6 +90,7 @@ class Runtime:
         drain_on_signal: bool = True,
         signal_drain_timeout: float = 30.0,
         clock: Clock | None = None,
+        openapi: bool = False,
     ) -> None:
         if control_token is None and not insecure_loopback_control:
             raise ConfigurationError(
@@ -133,6 +136,9 @@ class Runtime:
             schedules=self._schedules_status,
             loopback_only=insecure_loopback_control,
         )
+        self._published: dict[str, Document] = {}
+        if openapi:
+            self._published[paths.RUNTIME_OPENAPI_PATH] = _openapi_document
 
     @property
     def not_ready_grace(self) -> float:
@@ -186,9 +192,12 @@ class Runtime:
         app.state.forgezero_runtime = self
 
     def _middleware_options(self) -> dict[str, Any]:
+        control: ASGIApp = self.control
+        if self._published:
+            control = PublishedDocuments(control, self._published)
         return {
             "gate": self.gate,
-            "control": self.control,
+            "control": control,
             "exempt": self._exempt,
             "websocket_close_code": self._close_code,
             "retry_after": self._retry_after,
@@ -296,6 +305,12 @@ class Runtime:
             for participant in self._participants:
                 participant.resume_intake()
         self.draining.clear()
+
+
+def _openapi_document() -> tuple[bytes, str]:
+    from .wire.openapi import document_bytes
+
+    return document_bytes(), "application/json"
 
 
 @final

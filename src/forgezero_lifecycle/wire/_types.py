@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, TypeGuard
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, StrictStr
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, StrictStr, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "is_nonce",
     "is_revision",
     "matching",
+    "pattern_schema",
     "safe_int",
 ]
 
@@ -73,6 +74,14 @@ def matching(pattern: re.Pattern[str]) -> AfterValidator:
     return AfterValidator(check)
 
 
+def pattern_schema(pattern: re.Pattern[str]) -> WithJsonSchema:
+    """The JSON Schema of a string that must match ``pattern`` whole (for the OpenAPI document).
+
+    JSON Schema patterns search (ECMA-262), so the pattern is anchored at both ends.
+    """
+    return WithJsonSchema({"type": "string", "pattern": f"^(?:{pattern.pattern})$"})
+
+
 def is_nonce(value: object) -> TypeGuard[str]:
     """True when ``value`` is a str of 43 base64url characters (a nonce)."""
     return isinstance(value, str) and NONCE_PATTERN.fullmatch(value) is not None
@@ -84,5 +93,5 @@ def is_revision(value: object) -> TypeGuard[str]:
 
 
 SafeInt = Annotated[int, BeforeValidator(safe_int)]
-Nonce = Annotated[StrictStr, matching(NONCE_PATTERN)]
-Revision = Annotated[StrictStr, matching(REVISION_PATTERN)]
+Nonce = Annotated[StrictStr, matching(NONCE_PATTERN), pattern_schema(NONCE_PATTERN)]
+Revision = Annotated[StrictStr, matching(REVISION_PATTERN), pattern_schema(REVISION_PATTERN)]

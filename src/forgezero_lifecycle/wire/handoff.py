@@ -19,7 +19,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from ._types import WIRE_CONFIG, Nonce, Revision, SafeInt, matching
+from ._types import WIRE_CONFIG, Nonce, Revision, SafeInt, matching, pattern_schema
 
 __all__ = [
     "AUTHORIZATION_PATTERN",
@@ -58,10 +58,14 @@ MAX_STATE_BYTES: Final = 1_048_576
 SOURCE_SLACK_BYTES: Final = 4096
 MAX_SCHEMA_VERSION: Final = 65_535
 
-HandoffText = Annotated[StrictStr, matching(HANDOFF_TEXT_PATTERN)]
-Cursor = Annotated[StrictStr, matching(CURSOR_PATTERN)]
-Digest = Annotated[StrictStr, matching(DIGEST_PATTERN)]
-Authorization = Annotated[StrictStr, matching(AUTHORIZATION_PATTERN)]
+HandoffText = Annotated[
+    StrictStr, matching(HANDOFF_TEXT_PATTERN), pattern_schema(HANDOFF_TEXT_PATTERN)
+]
+Cursor = Annotated[StrictStr, matching(CURSOR_PATTERN), pattern_schema(CURSOR_PATTERN)]
+Digest = Annotated[StrictStr, matching(DIGEST_PATTERN), pattern_schema(DIGEST_PATTERN)]
+Authorization = Annotated[
+    StrictStr, matching(AUTHORIZATION_PATTERN), pattern_schema(AUTHORIZATION_PATTERN)
+]
 SchemaVersion = Annotated[SafeInt, Field(ge=1, le=MAX_SCHEMA_VERSION)]
 StateStatusName = Literal["pending", "acknowledged", "failed"]
 

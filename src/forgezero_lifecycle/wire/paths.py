@@ -11,6 +11,7 @@ __all__ = [
     "RUNTIME_DRAIN_ROLLBACK_PATH",
     "RUNTIME_DRAIN_STATUS_PATH",
     "RUNTIME_LIVE_PATH",
+    "RUNTIME_OPENAPI_PATH",
     "RUNTIME_READY_PATH",
     "RUNTIME_SCHEDULES_STATUS_PATH",
     "RUNTIME_STATE_BEGIN_PATH",
@@ -32,3 +33,5 @@ RUNTIME_STATE_STATUS_PATH: Final = "/.forgezero/runtime/state/v1/status"
 RUNTIME_SCHEDULES_STATUS_PATH: Final = "/.forgezero/runtime/schedules/v1/status"
 RUNTIME_READY_PATH: Final = "/.forgezero/runtime/ready"
 RUNTIME_LIVE_PATH: Final = "/.forgezero/runtime/live"
+#: The port's addition, served only when enabled (``Runtime(openapi=True)``).
+RUNTIME_OPENAPI_PATH: Final = "/.forgezero/runtime/openapi.json"

@@ -1,0 +1,59 @@
+"""The app the operations tests serve: a runtime with the OpenAPI document and metrics enabled.
+
+Settings come from the environment ``forgezero-lifecycle serve`` and the tests set (the library
+reads none). ``/_test/state`` is exempt from the gate: it tells the tests whether any drain or
+handoff was started, so a fuzzer's requests can be checked to have changed nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from forgezero_lifecycle.asgi._types import Scope
+from forgezero_lifecycle.runtime import Runtime
+from tests.cli.apps import CounterState
+
+
+def _exempt(scope: Scope) -> bool:
+    path: str = scope["path"]
+    return path.startswith("/_test/")
+
+
+state = CounterState()
+runtime = Runtime(
+    control_token=os.environ["FORGEZERO_CONTROL_TOKEN"],
+    handoff_token=os.environ.get("FORGEZERO_HANDOFF_TOKEN"),
+    revision=os.environ.get("FORGEZERO_REVISION"),
+    not_ready_grace=float(os.environ.get("FORGEZERO_NOT_READY_GRACE", "0")),
+    state_adapter=state,
+    exempt=_exempt,
+    openapi=True,
+)
+
+
+async def slow(request: Request) -> Response:
+    await asyncio.sleep(float(request.query_params.get("seconds", "1")))
+    return JSONResponse({"ok": True})
+
+
+async def test_state(request: Request) -> Response:
+    handoff = runtime.handoff
+    return JSONResponse(
+        {
+            "drain_active": runtime.drain.active,
+            "draining": runtime.draining.is_set(),
+            "handoff_started": handoff is not None and handoff._request is not None,
+            "imported": state.imported,
+            **runtime.counters().model_dump(),
+        }
+    )
+
+
+app = Starlette(routes=[Route("/slow", slow), Route("/_test/state", test_state)])
+runtime.install(app)

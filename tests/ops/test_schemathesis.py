@@ -1,0 +1,90 @@
+"""schemathesis against a real ``forgezero-lifecycle serve``d app, from its own OpenAPI document.
+
+Positive and negative cases for every operation, sent with the right token: no 5xx, every
+status, header, content type and body matches the document, data the document forbids is
+refused with a 4xx, and no request changes state (no drain, no handoff, readiness still 200).
+``FORGEZERO_SOAK=1`` runs many more examples.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from forgezero_lifecycle.wire import paths
+from tests.cli.conftest import CONTROL_TOKEN, HANDOFF_TOKEN, StartServe
+from tests.reliability._soak import report, scale
+
+pytestmark = pytest.mark.server
+
+EXAMPLES: Final = scale(120, 3000)
+CHECKS: Final = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
+UNCHANGED: Final = {
+    "drain_active": False,
+    "draining": False,
+    "handoff_started": False,
+    "imported": None,
+    "http": 0,
+    "websocket": 0,
+    "jobs": 0,
+    "schedules": 0,
+}
+
+
+@pytest.mark.timeout(scale(120, 3600))
+def test_schemathesis_finds_no_5xx_and_no_drift_and_changes_nothing(
+    start_serve: StartServe,
+) -> None:
+    """Every generated request is answered as documented and leaves the generation serving."""
+    served = start_serve("tests.ops.app:app")
+    document = served.get(paths.RUNTIME_OPENAPI_PATH).json()
+    schema = schemathesis.openapi.from_dict(document)
+    strategy = st.one_of(
+        schema.as_strategy(schemathesis.GenerationMode.POSITIVE),
+        schema.as_strategy(schemathesis.GenerationMode.NEGATIVE),
+    )
+    seen: dict[str, int] = {}
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=strategy)
+    def fuzz(case: Any) -> None:
+        token = HANDOFF_TOKEN if case.path == paths.RUNTIME_STATE_EXPORT_PATH else CONTROL_TOKEN
+        headers = {"Authorization": f"Bearer {token}"}
+        response = case.call_and_validate(
+            base_url=served.url, headers=headers, checks=CHECKS, timeout=10
+        )
+        key = f"{case.method} {case.path} {response.status_code}"
+        seen[key] = seen.get(key, 0) + 1
+        assert served.get("/_test/state").json() == UNCHANGED, key
+        assert served.get(paths.RUNTIME_READY_PATH).status_code == 200
+
+    fuzz()
+    assert "Traceback" not in served.log()
+    operations = {key.rsplit(" ", 1)[0] for key in seen}
+    assert len(operations) >= 10, sorted(seen)
+    report("schemathesis", examples=sum(seen.values()), answers=dict(sorted(seen.items())))
