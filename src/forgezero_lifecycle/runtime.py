@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
-from typing import Any, Final, TypeVar, final
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 from starlette.applications import Starlette
 
@@ -53,6 +53,9 @@ from .core.signal_drain import SignalDrain
 from .wire import paths
 from .wire._types import is_revision
 from .wire.drain import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, WorkCounters
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 __all__ = ["Runtime"]
 
@@ -91,6 +94,7 @@ class Runtime:
         signal_drain_timeout: float = 30.0,
         clock: Clock | None = None,
         openapi: bool = False,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
         if control_token is None and not insecure_loopback_control:
             raise ConfigurationError(
@@ -139,6 +143,8 @@ class Runtime:
         self._published: dict[str, Document] = {}
         if openapi:
             self._published[paths.RUNTIME_OPENAPI_PATH] = _openapi_document
+        if metrics is not None:
+            self._published[paths.RUNTIME_METRICS_PATH] = _metrics_endpoint(self, metrics)
 
     @property
     def not_ready_grace(self) -> float:
@@ -158,6 +164,11 @@ class Runtime:
         if not self.gate.is_open:
             participant.pause_intake()
         return participant
+
+    @property
+    def participants(self) -> Sequence[WorkParticipant]:
+        """The registered participants (queue, job workers, schedulers), in order added."""
+        return tuple(self._participants)
 
     def wrap(self, app: ASGIApp) -> ASGIApp:
         """Wrap any ASGI app: in-flight middleware outside, control plane ahead of its routes."""
@@ -305,6 +316,20 @@ class Runtime:
             for participant in self._participants:
                 participant.resume_intake()
         self.draining.clear()
+
+
+def _metrics_endpoint(runtime: Runtime, registry: CollectorRegistry) -> Document:
+    """Register the runtime's collector in ``registry``; serve the registry (``[metrics]``)."""
+    try:
+        from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+        from .metrics import RuntimeCollector
+    except ImportError:
+        raise ConfigurationError(
+            detail="metrics= needs prometheus_client: pip install 'forgezero-lifecycle[metrics]'"
+        ) from None
+    registry.register(RuntimeCollector(runtime))
+    return lambda: (generate_latest(registry), CONTENT_TYPE_LATEST)
 
 
 def _openapi_document() -> tuple[bytes, str]:

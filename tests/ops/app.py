@@ -1,5 +1,7 @@
 """The app the operations tests serve: a runtime with the OpenAPI document and metrics enabled.
 
+``/ws`` is a WebSocket that stays open until the drain's stream notice closes it.
+
 Settings come from the environment ``forgezero-lifecycle serve`` and the tests set (the library
 reads none). ``/_test/state`` is exempt from the gate: it tells the tests whether any drain or
 handoff was started, so a fuzzer's requests can be checked to have changed nothing.
@@ -10,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import os
 
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from forgezero_lifecycle.asgi._types import Scope
 from forgezero_lifecycle.runtime import Runtime
@@ -26,14 +30,17 @@ def _exempt(scope: Scope) -> bool:
 
 
 state = CounterState()
+registry = CollectorRegistry()
 runtime = Runtime(
     control_token=os.environ["FORGEZERO_CONTROL_TOKEN"],
     handoff_token=os.environ.get("FORGEZERO_HANDOFF_TOKEN"),
     revision=os.environ.get("FORGEZERO_REVISION"),
     not_ready_grace=float(os.environ.get("FORGEZERO_NOT_READY_GRACE", "0")),
+    stream_grace=float(os.environ.get("FORGEZERO_STREAM_GRACE", "5")),
     state_adapter=state,
     exempt=_exempt,
     openapi=True,
+    metrics=registry,
 )
 
 
@@ -55,5 +62,16 @@ async def test_state(request: Request) -> Response:
     )
 
 
-app = Starlette(routes=[Route("/slow", slow), Route("/_test/state", test_state)])
+async def ws(websocket: WebSocket) -> None:
+    await websocket.accept()
+    try:
+        while True:
+            await websocket.receive_text()
+    except WebSocketDisconnect:
+        pass
+
+
+app = Starlette(
+    routes=[Route("/slow", slow), Route("/_test/state", test_state), WebSocketRoute("/ws", ws)]
+)
 runtime.install(app)

@@ -54,7 +54,7 @@ def test_every_control_route_is_documented_with_its_method_and_token() -> None:
     runtime = Runtime(control_token=TOKEN)
     routes = runtime.control._routes
     document = build_document()
-    assert set(document["paths"]) == {*routes, OPENAPI}
+    assert set(document["paths"]) == {*routes, OPENAPI, paths.RUNTIME_METRICS_PATH}
     for path, route in routes.items():
         (method,) = document["paths"][path]
         assert method == route.method.lower()

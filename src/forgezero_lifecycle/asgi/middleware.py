@@ -115,6 +115,7 @@ class InFlightMiddleware:
             return
         gate = self._gate
         if not gate.admit_http():
+            gate.refused_http += 1
             await discard_body(scope, receive)
             await send(
                 {"type": "http.response.start", "status": 503, "headers": self._refusal_headers}
@@ -140,6 +141,7 @@ class InFlightMiddleware:
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         gate = self._gate
         if not gate.try_admit("websocket"):
+            gate.refused_websocket += 1
             await self._refuse_websocket(scope, receive, send)
             return
         session = _WebSocketSession(gate, send, self._close_code)
@@ -218,6 +220,7 @@ class _WebSocketSession:
             if self.ended is not None or self.app_closed or self.responding:
                 return  # a denial response in progress ends by itself
             self.ended = _CLOSED
+            gate.closed_at_grace += 1
             close = {"type": "websocket.close", "code": self._close_code, "reason": "draining"}
             if not await _send_within(self._send, close, gate.cutoff):
                 self._abandon()

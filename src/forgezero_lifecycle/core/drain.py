@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Mapping
-from typing import Final, Protocol, final
+from dataclasses import dataclass
+from typing import Final, Literal, Protocol, final
 
 from .._clock import Clock, SystemClock
 from .._errors import DrainConflict, DrainFailed, DrainNotFound, LifecycleError
@@ -36,7 +37,7 @@ from ..wire.drain import (
     validate_counters,
 )
 
-__all__ = ["DrainController", "DrainDependencies"]
+__all__ = ["DrainController", "DrainDependencies", "DrainStatistics"]
 
 logger = logging.getLogger("forgezero_lifecycle.drain")
 
@@ -66,6 +67,22 @@ class DrainDependencies(Protocol):
 
 
 @final
+@dataclass(frozen=True, slots=True)
+class DrainStatistics:
+    """A snapshot of this process's drains, for metrics (nothing in it is secret)."""
+
+    #: ``serving`` when no drain holds intake closed (none yet, or the last one rolled back).
+    state: Literal["serving", "draining", "drained", "failed"]
+    begun: int
+    drained: int
+    failed: int
+    #: Drains rolled back while still draining (a rollback after drained/failed ends nothing).
+    rolled_back: int
+    #: Seconds from begin to drained, failed or rolled back, one entry per ended drain.
+    durations: tuple[float, ...]
+
+
+@final
 class DrainController:
     """One drain per process, observable through :meth:`status`, reversible by :meth:`rollback`."""
 
@@ -81,6 +98,10 @@ class DrainController:
         # Only measures how long a drain took (events, metrics); the deadline is deps.sleep.
         self._clock: Clock = clock or SystemClock()
         self._began_at = 0.0
+        # Plain ints, touched once per drain, read at scrape time (statistics()).
+        self._ended = {"drained": 0, "failed": 0, "rolled-back": 0}
+        self._begun = 0
+        self._durations: list[float] = []
         self._request: DrainRequest | None = None
         self._state: DrainState = "draining"
         self._failure: str | None = None
@@ -130,6 +151,7 @@ class DrainController:
         self._failure = None
         self._settled = asyncio.Event()
         self._began_at = self._clock.monotonic()
+        self._begun += 1
         emit(
             logger,
             logging.INFO,
@@ -174,6 +196,8 @@ class DrainController:
                 self._task.cancel()
             self._deps.resume()
             rolled_from = self._state
+            if rolled_from == "draining":
+                self._count_end("rolled-back")
             self._state = "rolled-back"
             self._failure = None
             self._retired_nonces.add(request.nonce)
@@ -245,10 +269,27 @@ class DrainController:
                 elif not future.cancelled():
                     future.exception()  # mark retrieved
 
+    def statistics(self) -> DrainStatistics:
+        """Counts of drains begun and ended by outcome, their durations, and the state now."""
+        state = self._state
+        return DrainStatistics(
+            state="serving" if self._request is None or state == "rolled-back" else state,
+            begun=self._begun,
+            drained=self._ended["drained"],
+            failed=self._ended["failed"],
+            rolled_back=self._ended["rolled-back"],
+            durations=tuple(self._durations),
+        )
+
+    def _count_end(self, outcome: str) -> None:
+        self._ended[outcome] += 1
+        self._durations.append(self._clock.monotonic() - self._began_at)
+
     def _finish(self, state: DrainState, failure: str | None) -> None:
         self._state = state
         self._failure = failure
         self._settled.set()
+        self._count_end(state)
         assert self._request is not None
         prefix = nonce_prefix(self._request.nonce)
         if state == "drained":

@@ -39,7 +39,10 @@ class IntakeGate:
         "_notice",
         "_open",
         "_websocket",
+        "closed_at_grace",
         "draining",
+        "refused_http",
+        "refused_websocket",
     )
 
     def __init__(self) -> None:
@@ -51,6 +54,10 @@ class IntakeGate:
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._notice = asyncio.Event()
         self._cutoff = asyncio.Event()
+        #: Totals for metrics, counted by the middleware (only on refusal and at the notice).
+        self.refused_http = 0
+        self.refused_websocket = 0
+        self.closed_at_grace = 0
 
     @property
     def is_open(self) -> bool:

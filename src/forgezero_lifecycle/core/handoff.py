@@ -119,6 +119,8 @@ class StateHandoffController(Generic[T]):
         self._status: StateHandoffStatus | None = None
         self._task: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()
+        #: Totals for metrics: exports served (and their bytes), handoffs ended by outcome.
+        self.counts = {"exported": 0, "exported_bytes": 0, "acknowledged": 0, "failed": 0}
 
     # -- the old generation: export -----------------------------------------------------------
 
@@ -151,6 +153,8 @@ class StateHandoffController(Generic[T]):
         except Exception as exc:
             raise _export_invalid(f"export_state raised {type(exc).__name__}") from exc
         envelope, document = self._codec.seal(cursor, value, source_revision, target_revision)
+        self.counts["exported"] += 1
+        self.counts["exported_bytes"] += len(document)
         emit(
             logger,
             logging.INFO,
@@ -246,6 +250,7 @@ class StateHandoffController(Generic[T]):
     ) -> None:
         self._status = _status(request, status, failure=failure, **extra)
         self._settled.set()
+        self.counts["acknowledged" if status == "acknowledged" else "failed"] += 1
         if status == "acknowledged":
             emit(
                 logger,

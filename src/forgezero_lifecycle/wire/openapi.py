@@ -229,6 +229,19 @@ def _paths() -> dict[str, Any]:
                 "responses": {"200": _json_response("live", _object(live={"const": True}))},
             }
         },
+        paths.RUNTIME_METRICS_PATH: {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics (served only when enabled; no token needed).",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "the text exposition format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
         paths.RUNTIME_OPENAPI_PATH: {
             "get": {
                 "operationId": "openapi",

@@ -11,6 +11,7 @@ __all__ = [
     "RUNTIME_DRAIN_ROLLBACK_PATH",
     "RUNTIME_DRAIN_STATUS_PATH",
     "RUNTIME_LIVE_PATH",
+    "RUNTIME_METRICS_PATH",
     "RUNTIME_OPENAPI_PATH",
     "RUNTIME_READY_PATH",
     "RUNTIME_SCHEDULES_STATUS_PATH",
@@ -35,3 +36,5 @@ RUNTIME_READY_PATH: Final = "/.forgezero/runtime/ready"
 RUNTIME_LIVE_PATH: Final = "/.forgezero/runtime/live"
 #: The port's addition, served only when enabled (``Runtime(openapi=True)``).
 RUNTIME_OPENAPI_PATH: Final = "/.forgezero/runtime/openapi.json"
+#: The port's addition, served only when enabled (``Runtime(metrics=registry)``).
+RUNTIME_METRICS_PATH: Final = "/.forgezero/runtime/metrics"
