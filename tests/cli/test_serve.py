@@ -173,3 +173,23 @@ def test_serve_reads_a_token_file_by_the_same_rules_as_the_other_commands(
     assert result.returncode == 2
     assert "holds more than one line" in result.stderr
     assert CONTROL_TOKEN not in result.stderr
+
+
+def test_serve_reads_the_revision_from_the_environment_when_no_flag_gives_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FORGEZERO_REVISION (e.g. the downward API) is the revision; --revision wins; bad is usage."""
+    from forgezero_lifecycle._errors import ConfigurationError
+    from forgezero_lifecycle.cli import build_parser
+    from forgezero_lifecycle.serve import options_from_args
+
+    parser = build_parser()
+    monkeypatch.setenv("FORGEZERO_REVISION", REVISION_A)
+    assert options_from_args(parser.parse_args(["serve", "m:app"])).revision == REVISION_A
+    flagged = parser.parse_args(["serve", "m:app", "--revision", REVISION_B])
+    assert options_from_args(flagged).revision == REVISION_B
+    monkeypatch.setenv("FORGEZERO_REVISION", "v1.4.2")
+    with pytest.raises(ConfigurationError, match="FORGEZERO_REVISION is not a revision"):
+        options_from_args(parser.parse_args(["serve", "m:app"]))
+    monkeypatch.delenv("FORGEZERO_REVISION")
+    assert options_from_args(parser.parse_args(["serve", "m:app"])).revision is None

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, final
 
+from .._errors import ConfigurationError
 from .._tokens import read_token
 from ..wire._types import is_revision
 
@@ -68,7 +70,9 @@ exit codes:
 
 environment:
   FORGEZERO_CONTROL_TOKEN, FORGEZERO_HANDOFF_TOKEN   tokens of a runtime serve builds itself
-  FORGEZERO_REVISION, FORGEZERO_NOT_READY_GRACE      set from the flags, for the app to read
+  FORGEZERO_REVISION          the revision when --revision is absent (e.g. the Kubernetes
+                              downward API); set from --revision otherwise, for the app to read
+  FORGEZERO_NOT_READY_GRACE   set from the flag, for the app to read
 """
 
 
@@ -79,7 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("app", metavar="APP", help="module:attribute of the ASGI app")
     add("--host", default="127.0.0.1", help="default: 127.0.0.1")
     add("--port", type=int, default=8000, help="default: 8000")
-    add("--revision", type=parse_revision, metavar="REV", help="exported as FORGEZERO_REVISION")
+    add(
+        "--revision",
+        type=parse_revision,
+        metavar="REV",
+        help="the revision this generation runs (default: $FORGEZERO_REVISION); a drain for "
+        "another sourceRevision is refused",
+    )
     add(
         "--drain-timeout",
         type=parse_duration,
@@ -128,7 +138,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         host=args.host,
         port=args.port,
         drain_timeout=args.drain_timeout,
-        revision=args.revision,
+        revision=args.revision or _revision_from_env(),
         not_ready_grace=args.not_ready_grace,
         stream_grace=args.stream_grace,
         first_byte_grace=args.first_byte_grace,
@@ -147,3 +157,16 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         access_log=not args.no_access_log,
         app_dir=args.app_dir,
     )
+
+
+def _revision_from_env() -> str | None:
+    """``FORGEZERO_REVISION`` when set (one source of the revision: the pod's downward API)."""
+    text = os.environ.get("FORGEZERO_REVISION", "").strip()
+    if not text:
+        return None
+    if not is_revision(text):
+        raise ConfigurationError(
+            detail=f"FORGEZERO_REVISION is not a revision (40 lowercase hex digits): {text[:48]!r}"
+        )
+    return text
+
