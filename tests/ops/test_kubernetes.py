@@ -4,12 +4,15 @@ The manifests are parsed here, not copied: ``serve``'s command line, the environ
 downward API and the Secret resolved as the kubelet would), the probes' paths and ports and the
 preStop hook's shell command are run against a real ``forgezero-lifecycle serve`` on loopback.
 Only what cannot run on a test machine is substituted: the app (``tests.cli.apps:plain``), the
-host (127.0.0.1) and the port (a free one, everywhere the manifest names it).
+host (127.0.0.1), the port (a free one, everywhere the manifest names it) and the Secret's
+placeholders (fresh tokens, as the Secret's comment tells a user to make; the placeholders
+themselves are refused at start-up, which a test here checks too).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -110,11 +113,21 @@ def test_the_timing_arithmetic_holds(name: str) -> None:
         assert f"--timeout {flag(spec['command'], '--drain-timeout')}" in script
 
 
+def new_token() -> str:
+    """What the Secret's comment says to generate (never one that looks like a flag)."""
+    while (token := secrets.token_urlsafe(32)).startswith("-"):
+        pass
+    return token
+
+
 class Pod:
     """One container of a manifest, run as the kubelet would run it, on loopback."""
 
-    def __init__(self, deployment: dict[str, Any], log_path: Path) -> None:
+    def __init__(
+        self, deployment: dict[str, Any], log_path: Path, *, edited_secret: bool = True
+    ) -> None:
         self.deployment = deployment
+        self.edited_secret = edited_secret
         self.spec = container(deployment)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -138,7 +151,9 @@ class Pod:
             else:
                 reference = source["secretKeyRef"]
                 assert reference["name"] == secret["metadata"]["name"]
-                values[entry["name"]] = secret["stringData"][reference["key"]]
+                value = secret["stringData"][reference["key"]]
+                assert value.startswith("REPLACE"), "the example must not ship a usable token"
+                values[entry["name"]] = new_token() if self.edited_secret else value
         return values
 
     def command(self) -> list[str]:
@@ -208,6 +223,24 @@ def pods(tmp_path: Path) -> Iterator[dict[str, Pod]]:
     finally:
         for pod in made.values():
             pod.stop()
+
+
+@pytest.mark.server
+def test_the_unedited_secret_is_refused_at_start_up(tmp_path: Path) -> None:
+    """A deployment applied with the example's placeholder tokens does not start (exit 2)."""
+    pod = Pod(deployments()["myapp-self-drain"], tmp_path / "unedited.log", edited_secret=False)
+    with pod.log_path.open("wb") as log:
+        ran = subprocess.run(
+            pod.command(),
+            cwd=PROJECT_ROOT,
+            env=pod.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=BOUND,
+            check=False,
+        )
+    assert ran.returncode == 2, pod.log()
+    assert "RUNTIME_CONFIG_INVALID: FORGEZERO_CONTROL_TOKEN" in pod.log()
 
 
 def _refuses_another_revision(pod: Pod) -> None:

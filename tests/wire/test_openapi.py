@@ -103,3 +103,14 @@ async def test_the_document_is_served_only_when_enabled(enabled: bool) -> None:
         assert posted.json()["error"] == "RUNTIME_METHOD_NOT_ALLOWED"
     else:
         assert (response.status_code, response.json()["error"]) == (404, "RUNTIME_NOT_FOUND")
+
+
+def test_the_control_fuzzers_expectations_are_all_documented() -> None:
+    """Every code the in-process control fuzzer accepts for a path is in the document there."""
+    from tests.security.test_control_fuzz import ROUTES
+
+    document = build_document()
+    for path, (method, _, statuses) in ROUTES.items():
+        responses = document["paths"][path][method.lower()]["responses"]
+        for status, codes in statuses.items():
+            assert codes <= set(_error_codes(responses[str(status)])), (path, status)

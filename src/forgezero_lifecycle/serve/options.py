@@ -169,4 +169,3 @@ def _revision_from_env() -> str | None:
             detail=f"FORGEZERO_REVISION is not a revision (40 lowercase hex digits): {text[:48]!r}"
         )
     return text
-

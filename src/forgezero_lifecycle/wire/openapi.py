@@ -12,6 +12,7 @@ shipped file differs, so the document cannot drift from the models. Regenerate i
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -22,6 +23,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from . import paths
+from ._types import NONCE_PATTERN, REVISION_PATTERN, pattern_schema
 from .drain import (
     MAX_DRAIN_TIMEOUT_MS,
     MIN_DRAIN_TIMEOUT_MS,
@@ -112,10 +114,10 @@ def build_document() -> dict[str, Any]:
 
 
 def _paths() -> dict[str, Any]:
-    nonce = _query("nonce", "the nonce the drain or handoff began with")
+    nonce = _query("nonce", "the nonce the drain or handoff began with", NONCE_PATTERN)
     revisions = [
-        _query("sourceRevision", "40 lower-case hex digits"),
-        _query("targetRevision", "40 lower-case hex digits"),
+        _query("sourceRevision", "40 lower-case hex digits", REVISION_PATTERN),
+        _query("targetRevision", "40 lower-case hex digits", REVISION_PATTERN),
     ]
     return {
         paths.RUNTIME_DRAIN_BEGIN_PATH: {
@@ -169,7 +171,7 @@ def _paths() -> dict[str, Any]:
                 errors={
                     400: ("RUNTIME_STATE_REVISION_INVALID",),
                     404: ("RUNTIME_STATE_NOT_FOUND",),
-                    409: ("RUNTIME_STATE_NOT_DRAINING",),
+                    409: ("RUNTIME_STATE_NOT_DRAINING", "RUNTIME_STATE_REVISION_MISMATCH"),
                     413: ("RUNTIME_STATE_EXPORT_TOO_LARGE",),
                     422: ("RUNTIME_STATE_EXPORT_INVALID",),
                 },
@@ -210,13 +212,17 @@ def _paths() -> dict[str, Any]:
         paths.RUNTIME_READY_PATH: {
             "get": {
                 "operationId": "ready",
-                "summary": "Readiness: 200 while serving, 503 from the instant a drain begins.",
+                "summary": "Readiness: 200 while serving, 503 (naming the drain's state) from the "
+                "instant a drain begins.",
                 "security": [],
                 "responses": {
                     "200": _json_response("ready", _object(ready={"const": True})),
                     "503": _json_response(
                         "draining",
-                        _object(ready={"const": False}, status={"const": "draining"}),
+                        _object(
+                            ready={"const": False},
+                            status={"enum": ["draining", "drained", "failed"]},
+                        ),
                     ),
                 },
             }
@@ -319,14 +325,15 @@ def _object(**properties: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "object", "required": sorted(properties), "properties": dict(properties)}
 
 
-def _query(name: str, description: str) -> dict[str, Any]:
-    # Optional on the wire: a missing or malformed value is answered (404 / 400), not refused.
+def _query(name: str, description: str, pattern: re.Pattern[str]) -> dict[str, Any]:
+    # Optional on the wire: a missing or malformed value is answered (404 / 400) like any other
+    # that names nothing.
     return {
         "name": name,
         "in": "query",
         "required": False,
         "description": description,
-        "schema": {"type": "string"},
+        "schema": pattern_schema(pattern).json_schema,
     }
 
 
