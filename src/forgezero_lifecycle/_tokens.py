@@ -123,6 +123,8 @@ def read_token(
     token = text.strip()
     if not token:
         return None
+    if token.startswith(_PLACEHOLDER):
+        raise _placeholder(source)
     if any(c.isspace() for c in token):
         raise ConfigurationError(
             detail=f"{source} holds more than one line or word; put the token alone on one line"

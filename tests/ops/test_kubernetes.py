@@ -240,7 +240,7 @@ def test_the_unedited_secret_is_refused_at_start_up(tmp_path: Path) -> None:
             check=False,
         )
     assert ran.returncode == 2, pod.log()
-    assert "RUNTIME_CONFIG_INVALID: FORGEZERO_CONTROL_TOKEN" in pod.log()
+    assert "RUNTIME_CONFIG_INVALID: FORGEZERO_CONTROL_TOKEN is still a placeholder" in pod.log()
 
 
 def _refuses_another_revision(pod: Pod) -> None:
