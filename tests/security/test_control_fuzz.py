@@ -42,7 +42,7 @@ MAX_BODY: Final = 16 * 1024
 PRE_NONCE: Final = "P" * 43
 OTHER_REVISION: Final = "b" * 40
 
-#: path -> (method, token kind, {status: allowed codes}) of the design's table (DESIGN.md §4).
+#: path -> (method, token kind, {status: allowed codes}): the README's wire protocol table.
 ROUTES: Final[dict[str, tuple[str, str, dict[int, set[str]]]]] = {
     paths.RUNTIME_DRAIN_BEGIN_PATH: (
         "POST",
@@ -64,7 +64,7 @@ ROUTES: Final[dict[str, tuple[str, str, dict[int, set[str]]]]] = {
         "handoff",
         {
             400: {"RUNTIME_STATE_REVISION_INVALID"},
-            409: {"RUNTIME_STATE_NOT_DRAINING"},
+            409: {"RUNTIME_STATE_NOT_DRAINING", "RUNTIME_STATE_REVISION_MISMATCH"},
             413: {"RUNTIME_STATE_EXPORT_TOO_LARGE"},
             422: {"RUNTIME_STATE_EXPORT_INVALID"},
         },
