@@ -307,6 +307,43 @@ def test_orjson_prints_floats_as_the_fast_encoder_expects() -> None:
     assert _canonical._ORJSON_FLOATS_AS_EXPECTED
 
 
+def test_gc_referents_give_the_members_the_fast_encoder_walks() -> None:
+    """The fast encoder finds every member through gc.get_referents; it is on here (CPython)."""
+    assert _canonical._REFERENTS_AS_EXPECTED
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        uuid.UUID(int=7),
+        Colour.RED,
+        Level.LOW,
+        Mode.FAST,
+        orjson.Fragment(b"1"),
+        collections.OrderedDict(a=1),
+        Tags(["a"]),
+        Name("a"),
+        Ratio(0.5),
+        math.nan,
+        -math.inf,
+    ],
+    ids=repr,
+)
+def test_the_fast_encoder_itself_refuses_what_orjson_would_encode(value: object) -> None:
+    """orjson encodes enums, UUIDs and fragments and prints NaN as null; the fast path says no."""
+    records: list[Any] = [{"id": n, "score": n / 4, "tags": ["a", n]} for n in range(200)]
+    records[123]["tags"].append({"deep": [value]})
+    assert _outcome(fast, records) == "RUNTIME_STATE_VALUE_INVALID"
+    assert _outcome(canonical_json, records) == "RUNTIME_STATE_VALUE_INVALID"
+
+
+def test_integral_negative_zero_and_exponent_floats_together() -> None:
+    """Each float orjson prints unlike ECMAScript is rewritten, also all in one value."""
+    value = {"a": [1e16, 2.0, -0.0, 1e-7, 3.0, 0.5], "b": "x.0,", "c": -0.0, "d": 4.0}
+    assert fast(value) == exact(value)
+    assert fast(value) == b'{"a":[10000000000000000,2,0,1e-7,3,0.5],"b":"x.0,","c":0,"d":4}'
+
+
 def test_exact_encoder_passes_every_canonical_vector() -> None:
     """The reference encoder alone matches the seed on every vector."""
     for vector in vectors("canonical"):

@@ -1,4 +1,5 @@
-"""Canonical JSON and state digests, byte-identical to the seed's ``canonicalJson``.
+"""Canonical JSON and state digests, byte-identical to the JavaScript ``@forgezero/runtime``
+lifecycle module's ``canonicalJson``.
 
 The rules (RFC 8785, except that lone surrogates are escaped and integers beyond 2**53 are
 rounded to doubles, as the JavaScript does):
@@ -17,9 +18,11 @@ rounded to doubles, as the JavaScript does):
   ``100.0``, ``0`` for ``-0.0``; an int beyond 2**53 is first rounded to the nearest double.
 
 Two encoders give the same bytes. The exact one is iterative and handles everything, errors
-included (about 150 ms per MiB). The fast one (about 5x orjson) lets orjson encode, with sorted
-keys and strings escaped as JSON.stringify escapes them; checks the value level by level in
-C-speed passes (exact types, finite floats); and rewrites the float tokens orjson prints unlike
+included (about 150 ms per MiB). The fast one (under 3x orjson with sorted keys; see
+``bench/canonical.py``) lets orjson encode, with sorted keys and strings escaped as
+JSON.stringify escapes them; checks the value level by level in C-speed passes (exact types,
+which orjson does not check: it encodes enums, UUIDs and ``orjson.Fragment`` silently, and
+prints NaN and infinities as ``null``); and rewrites the float tokens orjson prints unlike
 ECMAScript (``100.0``, ``1e+16``). Where orjson refuses a part (a lone surrogate, an int beyond
 2**53, deep nesting) or code point order may differ from UTF-16 order, only that part is taken
 apart. A fault goes to the exact encoder, whose message names the place by array index and never
@@ -28,13 +31,13 @@ shows object keys: keys are state data.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import chain, compress, count, pairwise, repeat
+from collections.abc import Callable, Iterator, Sequence
+from itertools import chain, count, pairwise, repeat
 from json.encoder import encode_basestring
-from operator import is_
 from typing import Any, Final, TypeVar, cast
 
 import orjson
@@ -55,7 +58,6 @@ _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 _ORJSON_OPTIONS: Final = orjson.OPT_SORT_KEYS | orjson.OPT_STRICT_INTEGER
 _JSON_TYPES: Final = frozenset((dict, list, tuple, str, int, float, bool, type(None)))
-_IS_ARRAY: Final = frozenset((list, tuple)).__contains__
 #: UTF-8 lead bytes of U+E000..U+FFFF and of U+10000 and above: sorted differently in UTF-16.
 _LATE_BMP: Final = (b"\xee", b"\xef")
 _ASTRAL: Final = (b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4")
@@ -64,6 +66,15 @@ _ASTRAL: Final = (b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4")
 _ORJSON_FLOATS_AS_EXPECTED: Final = (
     orjson.dumps([0.1, 100.0, -0.0, 1e-5, 1.5e-7, 1e16, 1e21, 5e-324])
     == b"[0.1,100.0,-0.0,0.00001,1.5e-7,1e+16,1e+21,5e-324]"
+)
+#: The fast encoder walks a value with ``gc.get_referents``, which gives exactly a list's and a
+#: tuple's items and a dict's values (and its keys, if not all are str) in CPython; the fast
+#: encoder is off where that does not hold.
+_PROBE: Final[list[object]] = ["a", 0.5, (1.5,), {"k": [2.5]}]
+_REFERENTS_AS_EXPECTED: Final = (
+    sorted(map(id, gc.get_referents(_PROBE))) == sorted(map(id, _PROBE))
+    and gc.get_referents(_PROBE[2]) == [1.5]
+    and gc.get_referents(_PROBE[3]) in ([[2.5]], ["k", [2.5]], [[2.5], "k"])
 )
 #: Float tokens orjson prints unlike ECMAScript (rewritten only where they are outside strings).
 _INTEGRAL: Final = re.compile(rb"\.0(?=[,\]}]|\Z)")
@@ -82,13 +93,13 @@ class _Refused(Exception):
 
 
 def canonical_json(value: object) -> bytes:
-    """The canonical JSON of ``value`` as UTF-8 bytes (the seed's ``canonicalJson``).
+    """The canonical JSON of ``value`` as UTF-8 bytes (the JavaScript ``canonicalJson``).
 
     Raises :class:`StateInputInvalid` (``RUNTIME_STATE_VALUE_INVALID``) for a value JSON cannot
     hold: another type, NaN or an infinity, an int beyond the largest double, a cycle, or
     nesting deeper than :data:`MAX_DEPTH`.
     """
-    if _ORJSON_FLOATS_AS_EXPECTED:
+    if _ORJSON_FLOATS_AS_EXPECTED and _REFERENTS_AS_EXPECTED:
         try:
             return _serialize(value, 0)
         except (_Refused, StateInputInvalid, RecursionError):  # the latter on a deep call stack
@@ -298,25 +309,21 @@ def _groups(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
 def _floats(value: object) -> list[float]:
     """Every float in ``value`` (which orjson encoded, so it is acyclic); refuses other types.
 
-    Breadth first: each pass (the type of every member, picking the floats, the objects, the
-    arrays) runs at C speed over a whole level of the tree.
+    Breadth first, a whole level of the tree per pass at C speed: the set of its types (only
+    the exact JSON types pass: orjson itself would encode enums, UUIDs, dataclasses,
+    ``orjson.Fragment`` and subclasses), its floats, and the next level from
+    ``gc.get_referents``, which gives a list's or tuple's items and a dict's values (and keys,
+    for a dict whose keys are not all ``str``; orjson refused those already).
     """
     floats: list[float] = []
     level: list[Any] = [value]
     while level:
-        kinds = list(map(type, level))
-        present = set(kinds)
+        present = set(map(type, level))
         if not present <= _JSON_TYPES:
             raise _Refused
         if float in present:
-            floats += compress(level, map(is_, kinds, repeat(float)))
-        nested: list[Iterable[Any]] = []
-        if dict in present:
-            objects = compress(level, map(is_, kinds, repeat(dict)))
-            nested.append(chain.from_iterable(map(dict.values, objects)))
-        if list in present or tuple in present:
-            nested.append(chain.from_iterable(compress(level, map(_IS_ARRAY, kinds))))
-        level = list(chain.from_iterable(nested))
+            floats += [item for item in level if type(item) is float]
+        level = gc.get_referents(*level)
     return floats
 
 
@@ -324,18 +331,19 @@ def _ecmascript_floats(encoded: bytes, floats: list[float]) -> bytes:
     """orjson's bytes with each float token that ECMAScript prints otherwise rewritten.
 
     orjson prints ``100.0`` where ECMAScript prints ``100``, and uses exponent form outside
-    1e-5 <= |x| < 1e16 where ECMAScript does outside 1e-6 <= |x| < 1e21.
+    1e-5 <= |x| < 1e16 where ECMAScript does outside 1e-6 <= |x| < 1e21. orjson's own printing
+    of the floats alone says which of these occur: ``null`` for NaN or an infinity (refused),
+    an ``e`` for an exponent, ``.0`` for an integral float in decimal form, ``-0.0``.
     """
-    if not all(map(math.isfinite, floats)):
+    summary = orjson.dumps(floats)
+    if b"n" in summary:
         raise _Refused
-    magnitudes = list(map(abs, floats))
-    exponents = max(magnitudes) >= 1e16 or min(filter(None, magnitudes), default=1.0) < 1e-5
-    if exponents:
+    if b"e" in summary:
         encoded = _rewrite(encoded, _EXPONENT, _exponent_token)
-    integral = sum(map(float.is_integer, floats))
+    integral = summary.count(b".0,") + summary.endswith(b".0]")
     if not integral:
         return encoded
-    if not exponents and _NEGATIVE_ZERO.search(encoded) is None:
+    if not (b"-0.0," in summary or summary.endswith(b"-0.0]")):  # a token exactly -0.0
         dropped, found = _INTEGRAL.subn(b"", encoded)
         if found == integral:  # one match per integral float: none was inside a string
             return dropped
