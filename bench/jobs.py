@@ -4,13 +4,19 @@
   8 and 32 claims, runs and completes them (fenced) until all are ``done``. Baseline: a plain
   loop of ``UPDATE ... SET state = 'done' WHERE id = ?``, one transaction per row.
 * **enqueue**: ``store.enqueue`` one job per transaction. Baseline: a plain ``INSERT`` loop, one
-  transaction per row.
+  transaction per row. Target: a ratio of at least 0.7.
+* **enqueue_many**: ``store.enqueue_many`` of 10,000 jobs (one transaction). Baseline: the same
+  rows as one plain multi-row insert in one transaction (``executemany`` on SQLite, one
+  ``INSERT ... SELECT FROM unnest`` on PostgreSQL).
+
+The enqueue rows run the store as an application gets it (the default pool on PostgreSQL) and
+interleave each repeat with its baseline, so machine noise hits both alike.
 
 Both stores run with their durable defaults (SQLite WAL + ``synchronous=FULL``; PostgreSQL with
 the server's ``synchronous_commit``); the baselines use the same settings. PostgreSQL rows need a
 DSN in ``FORGEZERO_BENCH_POSTGRES_DSN`` (or ``FORGEZERO_TEST_POSTGRES_DSN``, or
 ``--postgres-dsn``) and are left out without one. Each repeat uses a fresh database (SQLite
-file, PostgreSQL schema). Run ``python -m bench.jobs [--quick]``.
+file, PostgreSQL schema). Run ``python -m bench.jobs [--quick] [--enqueue-only]``.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from forgezero_lifecycle.jobs import JobWorker, Lease, SQLiteJobStore
 __all__ = ["run"]
 
 CONCURRENCY = (1, 8, 32)
+BATCH = 10_000
+ENQUEUE_TARGET = 0.7
 NOTE = (
     "baseline: a plain {statement} loop, one transaction per row, on the same database with the "
     "same durability settings; {repeats} repeats, each on a fresh database"
@@ -61,7 +69,9 @@ async def _sqlite_store(workdir: Path) -> AsyncIterator[Any]:
         await store.close()
 
 
-def _postgres_factory(dsn: str) -> Callable[[Path], Any]:
+def _postgres_factory(dsn: str, **pool: int) -> Callable[[Path], Any]:
+    """Stores on fresh schemas; ``pool`` sizes default to the store's own defaults."""
+
     @asynccontextmanager
     async def factory(workdir: Path) -> AsyncIterator[Any]:
         import psycopg
@@ -69,7 +79,7 @@ def _postgres_factory(dsn: str) -> Callable[[Path], Any]:
         from forgezero_lifecycle.jobs.postgres import PostgresJobStore
 
         schema = f"fz_bench_{uuid.uuid4().hex[:10]}"
-        store = PostgresJobStore(dsn, schema=schema, min_size=4, max_size=8)
+        store = PostgresJobStore(dsn, schema=schema, **pool)
         await store.open()
         try:
             yield store
@@ -115,6 +125,18 @@ async def _enqueue(factory: Any, workdir: Path, jobs: int) -> float:
         return jobs / (time.perf_counter() - started)
 
 
+async def _enqueue_many(factory: Any, workdir: Path, jobs: int) -> float:
+    async with factory(workdir) as store:
+        payloads = [{"i": i} for i in range(jobs)]
+        keys = [f"batch:{i}" for i in range(jobs)]
+        started = time.perf_counter()
+        made = await store.enqueue_many("noop", payloads, idempotency_keys=keys)
+        elapsed = time.perf_counter() - started
+        if len(made) != jobs or (await store.stats()).queued != jobs:
+            raise RuntimeError(f"enqueue_many made {len(made)} jobs, expected {jobs}")
+        return jobs / elapsed
+
+
 # -- baselines: plain statements, one transaction each ---------------------------------------
 
 
@@ -133,6 +155,14 @@ def _sqlite_baseline(workdir: Path, rows: int, kind: str) -> float:
             )
             conn.execute("COMMIT")
         started = time.perf_counter()
+        if kind == "batch":
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(
+                "INSERT INTO t (payload, state) VALUES (?, 'queued')",
+                ((f'{{"i":{i}}}',) for i in range(rows)),
+            )
+            conn.execute("COMMIT")
+            return rows / (time.perf_counter() - started)
         for i in range(rows):
             conn.execute("BEGIN IMMEDIATE")
             if kind == "update":
@@ -163,6 +193,13 @@ async def _postgres_baseline(dsn: str, rows: int, kind: str) -> float:
                         [(i,) for i in range(rows)],
                     )
             started = time.perf_counter()
+            if kind == "batch":
+                await conn.execute(
+                    f"INSERT INTO {table} SELECT n, payload::jsonb, 'queued'"
+                    " FROM unnest(%s::bigint[], %s::text[]) AS t(n, payload)",
+                    (list(range(rows)), [f'{{"i":{i}}}' for i in range(rows)]),
+                )
+                return rows / (time.perf_counter() - started)
             for i in range(rows):
                 if kind == "update":
                     await conn.execute(
@@ -207,36 +244,77 @@ def _row(
 
 
 async def _bench_store(
-    name: str, factory: Any, baseline: Callable[[int, str], Any], quick: bool, command: str
+    name: str,
+    factories: tuple[Any, Any],
+    baseline: Callable[[int, str], Any],
+    quick: bool,
+    command: str,
+    enqueue_only: bool = False,
 ) -> list[dict[str, object]]:
+    """Burn-down rows (``factories[0]``: a pool sized for concurrency) and enqueue rows
+    (``factories[1]``: the store as an application opens it)."""
     jobs, repeats = (1_000, 3) if quick else (5_000, 5)
     enqueue_jobs = 300 if quick else 2_000
-    rows = []
+    rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="fz-bench-jobs-") as tmp:
         workdir = Path(tmp)
-        updates = [await baseline(jobs, "update") for _ in range(repeats)]
-        for concurrency in CONCURRENCY:
-            rates = [await _burn_down(factory, workdir, jobs, concurrency) for _ in range(repeats)]
-            rows.append(
-                _row(
-                    f"jobs.{name} burn-down, concurrency {concurrency}, {jobs:,} jobs",
-                    rates,
-                    updates,
-                    _target(name, concurrency),
-                    command,
-                    NOTE.format(statement="UPDATE", repeats=repeats) if concurrency == 1 else "",
-                )
-            )
-        inserts = [await baseline(enqueue_jobs, "insert") for _ in range(repeats)]
-        rates = [await _enqueue(factory, workdir, enqueue_jobs) for _ in range(repeats)]
-        note = NOTE.format(statement="INSERT", repeats=repeats)
+        if not enqueue_only:
+            rows += await _burn_downs(name, factories[0], baseline, jobs, repeats, command, workdir)
+        factory = factories[1]
+        inserts: list[float] = []
+        rates: list[float] = []
+        for _ in range(repeats):  # interleaved: baseline, ours, baseline, ours, ...
+            inserts.append(await baseline(enqueue_jobs, "insert"))
+            rates.append(await _enqueue(factory, workdir, enqueue_jobs))
+        note = NOTE.format(statement="INSERT", repeats=repeats) + ", interleaved"
+        enqueued = _row(
+            f"jobs.{name} enqueue, {enqueue_jobs:,} jobs", rates, inserts, None, command
+        )
+        ok = statistics.median(rates) >= ENQUEUE_TARGET * statistics.median(inserts)
+        enqueued.update(target=f"ratio ≥ {ENQUEUE_TARGET}", note=note, ok=ok)
+        rows.append(enqueued)
+        batches: list[float] = []
+        rates = []
+        for _ in range(repeats):
+            batches.append(await baseline(BATCH, "batch"))
+            rates.append(await _enqueue_many(factory, workdir, BATCH))
+        note = (
+            f"baseline: the same {BATCH:,} rows as one plain multi-row insert in one "
+            f"transaction; {repeats} repeats, interleaved, each on a fresh database"
+        )
         rows.append(
-            _row(f"jobs.{name} enqueue, {enqueue_jobs:,} jobs", rates, inserts, None, command, note)
+            _row(f"jobs.{name} enqueue_many, {BATCH:,} jobs", rates, batches, None, command, note)
         )
     return rows
 
 
-async def _run(quick: bool, dsn: str | None) -> list[dict[str, object]]:
+async def _burn_downs(
+    name: str,
+    factory: Any,
+    baseline: Callable[[int, str], Any],
+    jobs: int,
+    repeats: int,
+    command: str,
+    workdir: Path,
+) -> list[dict[str, object]]:
+    rows = []
+    updates = [await baseline(jobs, "update") for _ in range(repeats)]
+    for concurrency in CONCURRENCY:
+        rates = [await _burn_down(factory, workdir, jobs, concurrency) for _ in range(repeats)]
+        rows.append(
+            _row(
+                f"jobs.{name} burn-down, concurrency {concurrency}, {jobs:,} jobs",
+                rates,
+                updates,
+                _target(name, concurrency),
+                command,
+                NOTE.format(statement="UPDATE", repeats=repeats) if concurrency == 1 else "",
+            )
+        )
+    return rows
+
+
+async def _run(quick: bool, dsn: str | None, enqueue_only: bool = False) -> list[dict[str, object]]:
     command = ".venv/bin/python -m bench.jobs" + (" --quick" if quick else "")
     with tempfile.TemporaryDirectory(prefix="fz-bench-base-") as tmp:
         base = Path(tmp)
@@ -244,13 +322,15 @@ async def _run(quick: bool, dsn: str | None) -> list[dict[str, object]]:
         async def sqlite_baseline(rows: int, kind: str) -> float:
             return _sqlite_baseline(base, rows, kind)
 
-        out = await _bench_store("sqlite", _sqlite_store, sqlite_baseline, quick, command)
+        sqlite = (_sqlite_store, _sqlite_store)
+        out = await _bench_store("sqlite", sqlite, sqlite_baseline, quick, command, enqueue_only)
     if dsn:
 
         async def pg_baseline(rows: int, kind: str) -> float:
             return await _postgres_baseline(dsn, rows, kind)
 
-        out += await _bench_store("postgres", _postgres_factory(dsn), pg_baseline, quick, command)
+        postgres = (_postgres_factory(dsn, min_size=4, max_size=8), _postgres_factory(dsn))
+        out += await _bench_store("postgres", postgres, pg_baseline, quick, command, enqueue_only)
     return out
 
 
@@ -271,11 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="1,000 jobs x 3 repeats")
     parser.add_argument("--postgres-dsn", help="PostgreSQL to benchmark (default: from env)")
+    parser.add_argument("--enqueue-only", action="store_true", help="skip the burn-down rows")
     args = parser.parse_args(argv)
     dsn = _dsn(args.postgres_dsn)
     if not dsn:
         print("PostgreSQL rows skipped: set FORGEZERO_BENCH_POSTGRES_DSN", file=sys.stderr)
-    print_table(asyncio.run(_run(args.quick, dsn)))
+    print_table(asyncio.run(_run(args.quick, dsn, args.enqueue_only)))
     return 0
 
 

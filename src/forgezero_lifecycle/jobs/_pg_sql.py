@@ -96,7 +96,9 @@ class Statements:
     version: str
     record_version: str
     insert: str
+    insert_many: str
     by_key: str
+    by_keys: str
     claim_any: str
     claim_queues: str
     heartbeat: str
@@ -133,7 +135,18 @@ class Statements:
                 " run_after) VALUES (%s, %s::jsonb, %s, %s, %s, now() + %s * interval '1 second')"
                 f" ON CONFLICT (idempotency_key) DO NOTHING RETURNING {_cols()}"
             ),
+            insert_many=(
+                f"INSERT INTO {j} (queue, payload, payload_hash, idempotency_key, max_attempts,"
+                " run_after) SELECT %(queue)s, t.payload::jsonb, t.hash, t.key,"
+                " %(max_attempts)s, now() + %(delay)s * interval '1 second'"
+                " FROM unnest(%(payloads)s::text[], %(hashes)s::text[], %(keys)s::text[])"
+                " WITH ORDINALITY AS t(payload, hash, key, n) ORDER BY t.n"
+                f" ON CONFLICT (idempotency_key) DO NOTHING RETURNING {_cols()}, payload_hash"
+            ),
             by_key=f"SELECT {_cols()}, payload_hash FROM {j} WHERE idempotency_key = %s",
+            by_keys=(
+                f"SELECT {_cols()}, payload_hash FROM {j} WHERE idempotency_key = ANY(%s::text[])"
+            ),
             claim_any=claim.format(queues="NULL"),
             claim_queues=claim.format(queues="%(queues)s::text[]"),
             heartbeat=(

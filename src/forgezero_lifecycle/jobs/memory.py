@@ -18,12 +18,14 @@ import orjson
 
 from .._errors import IdempotencyConflict, JobStateError, LeaseLostError
 from .store import (
+    Enqueue,
     Job,
     JobStats,
     Lease,
     Listeners,
     error_text,
     prepare_enqueue,
+    prepare_enqueue_many,
 )
 
 __all__ = ["MemoryJobStore", "MemoryTransaction"]
@@ -151,6 +153,70 @@ class MemoryJobStore:
         else:
             conn.on_commit(insert)
         return job
+
+    async def enqueue_many(
+        self,
+        queue: str,
+        payloads: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_keys: Sequence[str | None] | None = None,
+        delay: float = 0.0,
+        max_attempts: int = 5,
+        conn: MemoryTransaction | None = None,
+    ) -> list[Job]:
+        prepared = prepare_enqueue_many(queue, payloads, idempotency_keys, delay, max_attempts)
+        run_after = self._now() + delay
+        jobs: list[Job] = []
+        new: dict[str, tuple[Job, str]] = {}  # checked in full before anything changes
+        for item in prepared:
+            key, digest = item.idempotency_key, item.payload_digest
+            existing = self._existing(key, digest)
+            if existing is None and key in new:
+                existing, first_digest = new[key]
+                if first_digest != digest:
+                    raise IdempotencyConflict(
+                        detail=f"idempotency key {key!r} was used for a different queue or payload"
+                    )
+            if existing is None:
+                existing = self._new_job(
+                    self._next_id + len(new), queue, item, max_attempts, run_after
+                )
+                new[key] = (existing, digest)
+            jobs.append(existing)
+        self._next_id += len(new)
+
+        def insert() -> None:
+            for key, (job, digest) in new.items():
+                if self._existing(key, digest) is None:
+                    self._jobs[job.id] = job
+                    self._hashes[job.id] = digest
+                    self._by_key[key] = job.id
+            self._listeners.notify()
+
+        if conn is None:
+            insert()
+        else:
+            conn.on_commit(insert)
+        return jobs
+
+    def _new_job(
+        self, job_id: int, queue: str, item: Enqueue, max_attempts: int, run_after: float
+    ) -> Job:
+        return Job(
+            id=job_id,
+            queue=queue,
+            payload=orjson.loads(item.payload_text),
+            idempotency_key=item.idempotency_key,
+            state="queued",
+            attempts=0,
+            max_attempts=max_attempts,
+            run_after=run_after,
+            fence=0,
+            lease_owner=None,
+            lease_until=None,
+            last_error=None,
+            result=None,
+        )
 
     def _existing(self, key: str, digest: str) -> Job | None:
         job_id = self._by_key.get(key)

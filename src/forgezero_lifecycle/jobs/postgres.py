@@ -36,12 +36,14 @@ from .._errors import ConfigurationError, IdempotencyConflict, JobStoreError, Le
 from . import _pg_sql
 from ._pg_sql import Statements, row_to_job
 from .store import (
+    Enqueue,
     Job,
     JobStats,
     Lease,
     Listeners,
     error_text,
     prepare_enqueue,
+    prepare_enqueue_many,
     result_json,
 )
 
@@ -206,6 +208,63 @@ class PostgresJobStore:
                 detail=f"idempotency key {args[3]!r} was used for a different queue or payload"
             )
         return row_to_job(found[:-1])
+
+    async def enqueue_many(
+        self,
+        queue: str,
+        payloads: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_keys: Sequence[str | None] | None = None,
+        delay: float = 0.0,
+        max_attempts: int = 5,
+        conn: PgConnection | None = None,
+    ) -> list[Job]:
+        prepared = prepare_enqueue_many(queue, payloads, idempotency_keys, delay, max_attempts)
+        if not prepared:
+            return []
+        args = {"queue": queue, "max_attempts": max_attempts, "delay": delay}
+        if conn is None:
+            async with self._tx() as own:
+                jobs = await self._insert_many(own, args, prepared)
+            self._listeners.notify()
+            return jobs
+        async with conn.transaction():  # a savepoint in the caller's transaction
+            jobs = await self._insert_many(conn, args, prepared)
+        deferred = self._deferred.get(id(conn))
+        if deferred is None:
+            self._listeners.notify()
+        else:
+            deferred.append(self._listeners.notify)
+        return jobs
+
+    async def _insert_many(
+        self, conn: PgConnection, args: dict[str, Any], items: list[Enqueue]
+    ) -> list[Job]:
+        """One INSERT for the batch, one SELECT for the keys that already existed."""
+        args["payloads"] = [item.payload_text for item in items]
+        args["hashes"] = [item.payload_digest for item in items]
+        args["keys"] = [item.idempotency_key for item in items]
+        with _store_errors():
+            rows = await (await conn.execute(self._q.insert_many, args)).fetchall()
+            by_key = {row[3]: row for row in rows}
+            missing = [key for key in dict.fromkeys(args["keys"]) if key not in by_key]
+            if missing:
+                found = await (await conn.execute(self._q.by_keys, (missing,))).fetchall()
+                by_key.update((row[3], row) for row in found)
+        jobs: list[Job] = []
+        for item in items:
+            row = by_key.get(item.idempotency_key)
+            if row is None:
+                raise JobStoreError(
+                    detail=f"idempotency key {item.idempotency_key!r} is being inserted; retry"
+                )
+            if row[-1] != item.payload_digest:
+                raise IdempotencyConflict(
+                    detail=f"idempotency key {item.idempotency_key!r} was used for a different"
+                    " queue or payload"
+                )
+            jobs.append(row_to_job(row[:-1]))
+        return jobs
 
     async def _fetch(self, query: str, args: Any) -> list[tuple[Any, ...]]:
         with _store_errors():

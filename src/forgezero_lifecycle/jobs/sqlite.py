@@ -42,6 +42,7 @@ from .store import (
     Listeners,
     error_text,
     prepare_enqueue,
+    prepare_enqueue_many,
     result_json,
 )
 
@@ -128,6 +129,37 @@ class SQLiteJobStore:
         job = await self._db.op(insert, self._db.writer())
         conn._after_commit.append(self._listeners.notify)
         return job
+
+    async def enqueue_many(
+        self,
+        queue: str,
+        payloads: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_keys: Sequence[str | None] | None = None,
+        delay: float = 0.0,
+        max_attempts: int = 5,
+        conn: SQLiteTransaction | None = None,
+    ) -> list[Job]:
+        prepared = prepare_enqueue_many(queue, payloads, idempotency_keys, delay, max_attempts)
+        if not prepared:
+            return []
+        now = self._now()
+        times = (now + delay, now, now)
+        rows = [
+            (queue, p.payload_text, p.payload_digest, p.idempotency_key, max_attempts, *times)
+            for p in prepared
+        ]
+        insert = functools.partial(_insert_many, rows=rows)
+        if conn is None:
+            jobs = await self._db.write(insert)
+            self._listeners.notify()
+            return jobs
+        if conn._db is not self._db:
+            raise JobStateError(detail="conn belongs to a different SQLiteJobStore")
+        conn._check()
+        jobs = await self._db.op(insert, self._db.writer())
+        conn._after_commit.append(self._listeners.notify)
+        return jobs
 
     async def claim(
         self, owner: str, n: int, lease: float, *, queues: Collection[str] | None = None
@@ -259,3 +291,16 @@ def _insert(conn: sqlite3.Connection, row: tuple[Any, ...]) -> Job:
             detail=f"idempotency key {row[3]!r} was used for a different queue or payload"
         )
     return q.row_to_job(found[0][:-1])
+
+
+def _insert_many(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> list[Job]:
+    """Every row or none: a savepoint, so a conflict undoes the batch inside a caller's tx."""
+    conn.execute("SAVEPOINT forgezero_enqueue_many")
+    try:
+        jobs = [_insert(conn, row) for row in rows]
+    except BaseException:
+        conn.execute("ROLLBACK TO forgezero_enqueue_many")
+        conn.execute("RELEASE forgezero_enqueue_many")
+        raise
+    conn.execute("RELEASE forgezero_enqueue_many")
+    return jobs

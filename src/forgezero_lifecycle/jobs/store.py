@@ -181,6 +181,25 @@ class JobStore(Protocol[ConnT]):
         """
         ...
 
+    async def enqueue_many(
+        self,
+        queue: str,
+        payloads: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_keys: Sequence[str | None] | None = None,
+        delay: float = 0.0,
+        max_attempts: int = 5,
+        conn: ConnT | None = None,
+    ) -> list[Job]:
+        """Enqueue one job per payload in one transaction: all of them, or none.
+
+        Each item is checked and deduplicated exactly as :meth:`enqueue` does it (its key from
+        ``idempotency_keys``, same length as ``payloads``, or generated); the jobs come back
+        in the order of ``payloads``. An :class:`IdempotencyConflict` on any item writes
+        nothing. With ``conn`` the batch is part of that transaction.
+        """
+        ...
+
     async def claim(
         self, owner: str, n: int, lease: float, *, queues: Collection[str] | None = None
     ) -> list[Lease[ConnT]]:
@@ -362,6 +381,31 @@ def prepare_enqueue(
         payload_digest=payload_hash(queue, text),
         idempotency_key=new_key() if idempotency_key is None else idempotency_key,
     )
+
+
+def prepare_enqueue_many(
+    queue: str,
+    payloads: Sequence[Mapping[str, Any]],
+    idempotency_keys: Sequence[str | None] | None,
+    delay: float,
+    max_attempts: int,
+) -> list[Enqueue]:
+    """``enqueue_many``'s preamble: :func:`prepare_enqueue` for every item, before any write."""
+    if isinstance(payloads, Mapping | str | bytes) or not isinstance(payloads, Sequence):
+        raise JobInvalid(
+            detail=f"enqueue_many takes a sequence of payloads, not {type(payloads).__name__}"
+        )
+    keys: Sequence[str | None] = (
+        [None] * len(payloads) if idempotency_keys is None else idempotency_keys
+    )
+    if isinstance(keys, str) or len(keys) != len(payloads):
+        raise JobInvalid(detail="idempotency_keys must be a sequence as long as payloads")
+    if not payloads:
+        check_enqueue(queue, delay, max_attempts)
+    return [
+        prepare_enqueue(queue, payload, key, delay, max_attempts)
+        for payload, key in zip(payloads, keys, strict=True)
+    ]
 
 
 def check_enqueue(queue: str, delay: float, max_attempts: int) -> None:
