@@ -5,7 +5,9 @@ The modules run one after the other in this process (each also runs alone as
 that fails is reported and the others still run; the exit status is then 1. A full run writes
 BENCHMARKS.md (``--output`` elsewhere); a quick run is a smoke check that only prints, unless
 ``--output`` is given. PostgreSQL rows (``bench.jobs``, ``bench.jobs_peer``) need
-``FORGEZERO_BENCH_POSTGRES_DSN`` or ``--postgres-dsn``.
+``FORGEZERO_BENCH_POSTGRES_DSN`` or ``--postgres-dsn``; the peers compared against come with
+``pip install -e '.[bench]'`` (``make bench`` installs them). A comparison that cannot run (no
+DSN, a peer not installed, a module that failed) is a row saying ``not run`` and why.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from bench._load import loader_name
-from bench._report import machine, markdown, print_table
+from bench._report import machine, markdown, not_run, print_table
 
 MODULES: Final = (
     "middleware",
@@ -36,23 +38,6 @@ MODULES: Final = (
 DEFAULT_OUTPUT: Final = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
 
 
-def _skips(names: list[str]) -> list[str]:
-    """Rows that will be missing, and why (said in the table's notes, never silently)."""
-    reasons = []
-    has_dsn = bool(
-        os.environ.get("FORGEZERO_BENCH_POSTGRES_DSN")
-        or os.environ.get("FORGEZERO_TEST_POSTGRES_DSN")
-    )
-    if "jobs" in names and not has_dsn:
-        reasons.append("bench.jobs PostgreSQL rows: no FORGEZERO_BENCH_POSTGRES_DSN")
-    if "jobs_peer" in names:
-        from bench.jobs_peer import available
-
-        if reason := available():
-            reasons.append(reason)
-    return reasons
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="smoke run, under 2 minutes")
@@ -66,8 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown benchmark(s) {unknown}; choose from {MODULES}")
     if args.postgres_dsn:
         os.environ["FORGEZERO_BENCH_POSTGRES_DSN"] = args.postgres_dsn
-    skipped = _skips(names)
+    command = ".venv/bin/python -m bench" + (" --quick" if args.quick else "")
+    if args.only:
+        command += f" --only {args.only}"
     rows: list[dict[str, Any]] = []
+    failed = False
     started = time.monotonic()
     for name in names:
         began = time.monotonic()
@@ -76,26 +64,23 @@ def main(argv: list[str] | None = None) -> int:
             produced = importlib.import_module(f"bench.{name}").run(args.quick)
         except Exception as exc:
             traceback.print_exc()
-            skipped.append(f"bench.{name} failed: {type(exc).__name__}: {exc}")
+            failed = True
+            reason = f"the module failed: {type(exc).__name__}: {exc}"
+            rows.append(not_run(f"bench.{name}", reason, f"{command} (python -m bench.{name})"))
             continue
         rows += produced
         print(f"bench.{name}: {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
     elapsed = time.monotonic() - started
     print()
     print_table(rows)
-    for reason in skipped:
-        print(f"- skipped: {reason}")
     print(f"\n{len(rows)} rows in {elapsed:.0f} s")
     output = args.output or (None if args.quick else DEFAULT_OUTPUT)
     if output is not None:
-        command = ".venv/bin/python -m bench" + (" --quick" if args.quick else "")
-        if args.only:
-            command += f" --only {args.only}"
         info = {**machine(), "HTTP load generator": loader_name()}
-        text = markdown(rows, info, command=command, elapsed=elapsed, skipped=skipped)
+        text = markdown(rows, info, command=command, elapsed=elapsed)
         output.write_text(text, encoding="utf-8")
         print(f"wrote {output}")
-    return 1 if any("failed" in reason for reason in skipped) else 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

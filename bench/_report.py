@@ -4,7 +4,9 @@ A row is a plain dict with the keys of :data:`ROW_KEYS` (``run(quick)`` of every
 list of them) and, optionally, ``ok`` (the module's own verdict, a bool) and ``note`` (one line
 saying how the figure was obtained: load generator, rounds, baseline). Modules that do not set
 ``ok`` get a verdict parsed from their ``target`` text (``ratio ≤ 1.01``, ``<= 3x``,
-``≤ 1000 ns``); a row without a checkable target is shown as ``—``.
+``≤ 1000 ns``); a row without a checkable target is shown as ``—``. A comparison that could not
+run (a peer not installed, no PostgreSQL, a module that failed) is still a row, made by
+:func:`not_run`: ``not run`` in the verdict column and the reason in its note.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ __all__ = [
     "figures",
     "machine",
     "markdown",
+    "not_run",
     "paired",
     "print_table",
     "row",
@@ -56,6 +59,9 @@ _PACKAGES: Final = (
     "httpx",
     "psycopg",
     "procrastinate",
+    "gunicorn",
+    "uvicorn-worker",
+    "granian",
 )
 _COMPARE: Final = re.compile(r"(≤|<=|≥|>=)\s*([0-9][0-9.,]*)\s*(x|%|[A-Za-z/]+)?")
 _RATIO_TARGET: Final = re.compile(r"ratio\s*(≤|<=|≥|>=)\s*([0-9][0-9.]*)")
@@ -94,13 +100,33 @@ def row(
     return out
 
 
+def not_run(benchmark: str, reason: str, command: str) -> dict[str, Any]:
+    """The row of a comparison that could not be measured, saying why (never left out)."""
+    return {
+        "benchmark": benchmark,
+        "metric": "not run",
+        "unit": "",
+        "min": None,
+        "median": None,
+        "max": None,
+        "baseline_median": None,
+        "ratio": None,
+        "target": "—",
+        "command": command,
+        "not_run": reason,
+        "note": reason,
+    }
+
+
 def paired(ours: Sequence[float], base: Sequence[float]) -> list[float]:
     """Per-round ratios ours/base of two interleaved series (the only figures noise spares)."""
     return [a / b for a, b in zip(ours, base, strict=True) if b]
 
 
 def verdict(result: dict[str, Any]) -> str:
-    """``met``, ``MISSED`` or ``—`` (no checkable target) for one row."""
+    """``met``, ``MISSED``, ``not run`` or ``—`` (no checkable target) for one row."""
+    if result.get("not_run"):
+        return "not run"
     target = result.get("target")
     if target is None or str(target).strip() in ("", "baseline", "(comparison)", "—"):
         return "—"
@@ -281,7 +307,11 @@ def markdown(
     for r in rows:
         cells = [*figures(r), f"`{r['command']}`"]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    lines += ["", f"Targets missed: {len(missed)} of {sum(verdict(r) != '—' for r in rows)}."]
+    judged = sum(verdict(r) in ("met", "MISSED") for r in rows)
+    lines += ["", f"Targets missed: {len(missed)} of {judged}."]
+    not_measured = [r for r in rows if verdict(r) == "not run"]
+    if not_measured:
+        lines.append(f"Rows not run: {len(not_measured)} (each says why in the notes).")
     for r in missed:
         lines.append(f"- {r['benchmark']} / {r['metric']}: {_fmt(r['median'])} vs {r['target']}")
     notes = [r for r in rows if r.get("note")]

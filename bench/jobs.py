@@ -35,7 +35,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from bench._report import print_table, row
+from bench._report import not_run, print_table, row
 from forgezero_lifecycle.jobs import JobWorker, Lease, SQLiteJobStore
 
 __all__ = ["run"]
@@ -331,6 +331,9 @@ async def _run(quick: bool, dsn: str | None, enqueue_only: bool = False) -> list
 
         postgres = (_postgres_factory(dsn, min_size=4, max_size=8), _postgres_factory(dsn))
         out += await _bench_store("postgres", postgres, pg_baseline, quick, command, enqueue_only)
+    else:
+        reason = "no PostgreSQL: set FORGEZERO_BENCH_POSTGRES_DSN (make bench sets a default)"
+        out.append(not_run("jobs.postgres (every row)", reason, command))
     return out
 
 
@@ -354,8 +357,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--enqueue-only", action="store_true", help="skip the burn-down rows")
     args = parser.parse_args(argv)
     dsn = _dsn(args.postgres_dsn)
-    if not dsn:
-        print("PostgreSQL rows skipped: set FORGEZERO_BENCH_POSTGRES_DSN", file=sys.stderr)
     print_table(asyncio.run(_run(args.quick, dsn, args.enqueue_only)))
     return 0
 

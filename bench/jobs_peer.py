@@ -8,8 +8,8 @@ database: a scratch database created for the run and dropped at its end (procras
 tables in ``public``, ours in a fresh schema per round). Rounds alternate which side goes first;
 the ratio is the median of the per-round ratios ours / procrastinate.
 
-procrastinate is not a dependency of the project: install it into the venv to get these rows
-(``pip install procrastinate``). Needs a DSN in ``FORGEZERO_BENCH_POSTGRES_DSN`` (or
+procrastinate is not a dependency of the library: it comes with the ``bench`` extra
+(``pip install -e '.[bench]'``, which ``make bench`` runs). Needs a DSN in ``FORGEZERO_BENCH_POSTGRES_DSN`` (or
 ``FORGEZERO_TEST_POSTGRES_DSN``, or ``--postgres-dsn``) of a role that may create databases.
 Run ``python -m bench.jobs_peer [--quick]``.
 """
@@ -28,7 +28,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
-from bench._report import paired, print_table, row
+from bench._report import not_run, paired, print_table, row
 
 __all__ = ["available", "run"]
 
@@ -36,14 +36,14 @@ POOL_MIN: Final = 4
 POOL_MAX: Final = 8
 
 
-def available() -> str | None:
+def available(dsn: str | None = None) -> str | None:
     """Why the rows cannot be produced, or None when they can."""
-    if _dsn() is None:
-        return "jobs_peer: no PostgreSQL DSN (set FORGEZERO_BENCH_POSTGRES_DSN)"
+    if _dsn(dsn) is None:
+        return "no PostgreSQL DSN (set FORGEZERO_BENCH_POSTGRES_DSN; make bench sets a default)"
     try:
         import procrastinate  # noqa: F401
     except ImportError:
-        return "jobs_peer: procrastinate is not installed (pip install procrastinate)"
+        return "procrastinate is not installed (pip install -e '.[bench]'; make bench does)"
     return None
 
 
@@ -170,15 +170,17 @@ async def _measure(dsn: str, jobs: int, concurrency: int, rounds: int) -> tuple[
 
 
 def run(quick: bool, dsn: str | None = None) -> list[dict[str, Any]]:
-    """Rows per concurrency: our burn-down rate next to procrastinate's (empty without a DSN)."""
+    """Rows per concurrency: our burn-down rate next to procrastinate's, or one row saying why
+    they could not be measured (no DSN, procrastinate not installed)."""
+    command = "FORGEZERO_BENCH_POSTGRES_DSN=... .venv/bin/python -m bench.jobs_peer"
+    command += " --quick" if quick else ""
+    if reason := available(dsn):
+        return [not_run("jobs_peer.procrastinate burn-down", reason, command)]
     dsn = _dsn(dsn)
-    if dsn is None or available() is not None:
-        return []
+    assert dsn is not None
     import procrastinate
 
     jobs, rounds, levels = (1_000, 3, (32,)) if quick else (2_000, 5, (8, 32))
-    command = "FORGEZERO_BENCH_POSTGRES_DSN=... .venv/bin/python -m bench.jobs_peer"
-    command += " --quick" if quick else ""
     version = getattr(procrastinate, "__version__", "")
     rows = []
     for concurrency in levels:
@@ -227,9 +229,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("procrastinate.blueprints").setLevel(logging.ERROR)
     if args.postgres_dsn:
         os.environ["FORGEZERO_BENCH_POSTGRES_DSN"] = args.postgres_dsn
-    if reason := available():
-        print(f"skipped: {reason}", file=sys.stderr)
-        return 0
     print_table(run(args.quick))
     return 0
 
