@@ -23,6 +23,8 @@ again by the standard library's exact path, which has the final word.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import re
 import zlib
@@ -47,8 +49,15 @@ def loopback_transport() -> httpx.AsyncBaseTransport:
     ``localhost`` is never looked up: the system resolver (``/etc/hosts``, NSS) could map it
     anywhere, and the token would go there. It is connected as ``127.0.0.1``, then as
     ``[::1]`` when nothing listens there; the request still says ``Host: localhost[:port]``.
+
+    httpx's transport runs on anyio, which imports its asyncio backend on the first request
+    (about 20 ms in a fresh process, the new generation's case): that import is done here, when
+    the controller is built at start-up, instead of inside the first handoff's deadline.
     """
-    return _LiteralLocalhost(httpx.AsyncHTTPTransport(verify=False))
+    transport = _LiteralLocalhost(httpx.AsyncHTTPTransport(verify=False))
+    with contextlib.suppress(ImportError):  # a private module path of anyio; only a warm-up
+        importlib.import_module("anyio._backends._asyncio")
+    return transport
 
 
 class _LiteralLocalhost(httpx.AsyncBaseTransport):
