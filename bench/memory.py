@@ -1,8 +1,11 @@
-"""Resident memory of the example apps, bare vs with the runtime, idle and under requests.
+"""Resident memory of the runtime and of the example apps, bare vs with it, idle and under load.
 
-Each example (``examples/starlette_app``, ``examples/fastapi_app``) runs under uvicorn as it
-ships, with the runtime installed, next to ``bench/apps/examples_bare.py``: the same endpoints
-without anything of the library. Both processes are started together; their ``VmRSS``
+First the runtime alone: ``bench/apps/hello.py``'s Starlette hello with ``Runtime.install``
+(no state adapter, no job store) next to the same app without the library, which imports no
+pydantic, so the difference is everything the runtime brings. Then each example
+(``examples/starlette_app``, ``examples/fastapi_app``) runs under uvicorn as it ships, with the
+runtime installed, next to ``bench/apps/examples_bare.py``: the same endpoints without anything
+of the library. Both processes are started together; their ``VmRSS``
 (``/proc/<pid>/status``) is read idle (started, no request yet), after 10,000 requests to
 ``/hello`` and after 10,000 more, sent by ``bench._load``'s Python generator in a separate
 process (an exact request count, which ``wrk`` cannot do). Fresh processes every round.
@@ -31,8 +34,21 @@ from bench.server import Server, start_servers, stop_servers
 __all__ = ["rss_mib", "run"]
 
 EXAMPLES: Final = {
-    "Starlette example": ("bench.apps.examples_bare:starlette()", "examples.starlette_app.app:app"),
-    "FastAPI example": ("bench.apps.examples_bare:fastapi()", "examples.fastapi_app.app:app"),
+    "runtime alone (Starlette hello)": (
+        "bench.apps.hello:starlette()",
+        "bench.apps.hello:starlette_runtime()",
+        "bench/apps/hello.py's Starlette hello, which imports no pydantic",
+    ),
+    "Starlette example": (
+        "bench.apps.examples_bare:starlette()",
+        "examples.starlette_app.app:app",
+        "bench/apps/examples_bare.py (the library is not even imported)",
+    ),
+    "FastAPI example": (
+        "bench.apps.examples_bare:fastapi()",
+        "examples.fastapi_app.app:app",
+        "bench/apps/examples_bare.py (the library is not even imported)",
+    ),
 }
 REQUESTS: Final = 10_000
 CONNECTIONS: Final = 16
@@ -83,16 +99,16 @@ def run(quick: bool) -> list[dict[str, Any]]:
     command = ".venv/bin/python -m bench.memory" + (" --quick" if quick else "")
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fz-bench-memory-") as tmp:
-        for name, (bare, ours) in EXAMPLES.items():
+        for name, (bare, ours, bare_is) in EXAMPLES.items():
             if quick and name.startswith("FastAPI"):
-                continue  # quick mode: one example
+                continue  # quick mode: the runtime alone and one example
             results = [_one_round(bare, ours, Path(tmp), i % 2 == 1) for i in range(rounds)]
-            rows += _rows(name, results, rounds, command)
+            rows += _rows(name, results, rounds, command, bare_is)
     return rows
 
 
 def _rows(
-    name: str, results: list[dict[str, list[float]]], rounds: int, command: str
+    name: str, results: list[dict[str, list[float]]], rounds: int, command: str, bare_is: str
 ) -> list[dict[str, Any]]:
     def at(side: str, index: int) -> list[float]:
         return [result[side][index] for result in results]
@@ -100,7 +116,7 @@ def _rows(
     note = (
         f"uvicorn --http httptools, {rounds} round(s) of fresh processes; {REQUESTS:,} GET /hello "
         f"per step from a Python load generator process, {CONNECTIONS} connections; bare = "
-        "bench/apps/examples_bare.py (the library is not even imported)"
+        f"{bare_is}"
     )
     rows = []
     for index, label in ((0, "idle"), (1, f"after {REQUESTS:,} requests")):
@@ -137,7 +153,11 @@ def _rows(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="one round, Starlette example only")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one round; the runtime alone and the Starlette example",
+    )
     print_table(run(parser.parse_args(argv).quick))
     return 0
 

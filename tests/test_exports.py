@@ -60,3 +60,18 @@ def test_importing_the_runtime_does_not_import_httpx() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert loaded == "False"
+
+
+def test_importing_the_runtime_loads_no_sql_store_and_no_cron_parser() -> None:
+    """sqlite3 (about 1 MiB) and cronsim load only when a SQLite store or a cron job is made."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, forgezero_lifecycle as f; f.Runtime(control_token='t' * 32); "
+        "print(sorted(m for m in ('sqlite3', 'cronsim', 'psycopg') if m in sys.modules))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]"

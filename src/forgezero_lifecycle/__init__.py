@@ -10,8 +10,9 @@ Layers point down only (checked by import-linter in CI)::
     client    httpx client of the control protocol (orchestrator side)
     runtime   the composition root; serve and cli sit on top of it
 
-Imported on first use: ``PostgresJobStore`` (so the package works without psycopg) and the
-orchestrator client (``ControlClient`` and friends: httpx costs about 5 MiB resident, which a
+Imported on first use: ``PostgresJobStore`` (so the package works without psycopg),
+``SQLiteJobStore`` (:mod:`sqlite3` is about 1 MiB resident a runtime without it never needs) and
+the orchestrator client (``ControlClient`` and friends: httpx costs about 5 MiB resident, which a
 served generation that hands no state over never needs).
 """
 
@@ -86,7 +87,6 @@ from .jobs import JobStore as JobStore
 from .jobs import JobWorker as JobWorker
 from .jobs import Lease as Lease
 from .jobs import MemoryJobStore as MemoryJobStore
-from .jobs import SQLiteJobStore as SQLiteJobStore
 from .jobs import WorkerStats as WorkerStats
 from .runtime import Runtime as Runtime
 from .wire.drain import DrainAccepted as DrainAccepted
@@ -118,6 +118,7 @@ if TYPE_CHECKING:
     from .client import handoff_request as handoff_request
     from .client import new_nonce as new_nonce
     from .jobs.postgres import PostgresJobStore as PostgresJobStore
+    from .jobs.sqlite import SQLiteJobStore as SQLiteJobStore
 
 __all__ = [
     "RUNTIME_DRAIN_BEGIN_PATH",
@@ -226,6 +227,7 @@ _LAZY = {
     "handoff_request": ".client",
     "new_nonce": ".client",
     "PostgresJobStore": ".jobs.postgres",
+    "SQLiteJobStore": ".jobs.sqlite",
 }
 
 

@@ -32,8 +32,6 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal, Self, TypeVar, final
 
-from cronsim import CronSim, CronSimError
-
 from .._clock import Clock, SystemClock
 from .._errors import ScheduleIntakePaused, ScheduleInvalid, ScheduleNotFound
 from .participant import ParticipantKind
@@ -163,6 +161,9 @@ class Scheduler:
         ):
             raise ScheduleInvalid(detail=f"job {name!r}: every= must be seconds > 0, got {every!r}")
         if cron is not None:
+            # cronsim (and the zoneinfo it loads) is imported only by a runtime that has cron jobs.
+            from cronsim import CronSim, CronSimError
+
             try:
                 CronSim(cron, self._now())
             except (CronSimError, AttributeError, TypeError) as exc:
@@ -297,6 +298,8 @@ class Scheduler:
         job.timer, job.next_due, job.next_cron = None, None, None
 
     def _next_cron(self, job: _Job, after: datetime) -> datetime:
+        from cronsim import CronSim
+
         assert job.cron is not None
         return next(CronSim(job.cron, after))
 

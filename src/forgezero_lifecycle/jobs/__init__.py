@@ -1,18 +1,18 @@
 """Durable fenced jobs (layer 1b): the store protocol, the stores and the worker.
 
-``PostgresJobStore`` is imported lazily, on first access, so the package works without psycopg;
-without it the access raises :class:`ImportError` with the install hint
-(``pip install 'forgezero-lifecycle[postgres]'``).
+The SQL stores are imported lazily, on first access: ``PostgresJobStore`` so the package works
+without psycopg (without it the access raises :class:`ImportError` with the install hint,
+``pip install 'forgezero-lifecycle[postgres]'``), ``SQLiteJobStore`` so a runtime without a
+SQLite store never loads :mod:`sqlite3` (about 1 MiB resident).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from .memory import MemoryJobStore as MemoryJobStore
 from .memory import MemoryTransaction as MemoryTransaction
-from .sqlite import SQLiteJobStore as SQLiteJobStore
-from .sqlite import SQLiteTransaction as SQLiteTransaction
 from .store import Job as Job
 from .store import JobState as JobState
 from .store import JobStats as JobStats
@@ -26,6 +26,8 @@ from .worker import WorkerStats as WorkerStats
 if TYPE_CHECKING:
     from .postgres import PgConnection as PgConnection
     from .postgres import PostgresJobStore as PostgresJobStore
+    from .sqlite import SQLiteJobStore as SQLiteJobStore
+    from .sqlite import SQLiteTransaction as SQLiteTransaction
 
 __all__ = [
     "Handler",
@@ -45,12 +47,22 @@ __all__ = [
     "exponential_backoff",
 ]
 
-_LAZY = frozenset({"PgConnection", "PostgresJobStore"})
+_LAZY = {
+    "PgConnection": "postgres",
+    "PostgresJobStore": "postgres",
+    "SQLiteJobStore": "sqlite",
+    "SQLiteTransaction": "sqlite",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        from . import postgres
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
 
-        return getattr(postgres, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
