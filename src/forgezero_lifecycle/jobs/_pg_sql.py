@@ -133,7 +133,9 @@ class Statements:
             insert=(
                 f"INSERT INTO {j} (queue, payload, payload_hash, idempotency_key, max_attempts,"
                 " run_after) VALUES (%s, %s::jsonb, %s, %s, %s, now() + %s * interval '1 second')"
-                f" ON CONFLICT (idempotency_key) DO NOTHING RETURNING {_cols()}"
+                # Only what the insert did not know: the rest of the new row is in its arguments.
+                " ON CONFLICT (idempotency_key) DO NOTHING"
+                " RETURNING id, payload, extract(epoch FROM run_after)::float8"
             ),
             insert_many=(
                 f"INSERT INTO {j} (queue, payload, payload_hash, idempotency_key, max_attempts,"

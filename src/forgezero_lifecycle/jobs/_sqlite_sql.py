@@ -100,7 +100,8 @@ def row_to_job(row: tuple[Any, ...]) -> Job:
 INSERT = (
     "INSERT INTO forgezero_jobs (queue, payload, payload_hash, idempotency_key, max_attempts,"
     " run_after, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-    f" ON CONFLICT (idempotency_key) DO NOTHING RETURNING {COLUMNS}"
+    # Only the id: the rest of the new row is in the insert's own arguments.
+    " ON CONFLICT (idempotency_key) DO NOTHING RETURNING id"
 )
 BY_KEY = f"SELECT {COLUMNS}, payload_hash FROM forgezero_jobs WHERE idempotency_key = ?"
 CLAIM = (

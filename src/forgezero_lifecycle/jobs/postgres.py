@@ -44,6 +44,7 @@ from .store import (
     error_text,
     prepare_enqueue,
     prepare_enqueue_many,
+    queued_job,
     result_json,
 )
 
@@ -199,7 +200,8 @@ class PostgresJobStore:
         with _store_errors():
             row = await (await conn.execute(self._q.insert, args, prepare=True)).fetchone()
             if row is not None:
-                return row_to_job(row)
+                job_id, payload, run_after = row
+                return queued_job(job_id, args[0], payload, args[3], args[4], run_after)
             found = await (await conn.execute(self._q.by_key, (args[3],))).fetchone()
         if found is None:
             raise JobStoreError(detail=f"idempotency key {args[3]!r} is being inserted; retry")

@@ -43,6 +43,7 @@ from .store import (
     error_text,
     prepare_enqueue,
     prepare_enqueue_many,
+    queued_job,
     result_json,
 )
 
@@ -282,7 +283,8 @@ class SQLiteJobStore:
 def _insert(conn: sqlite3.Connection, row: tuple[Any, ...]) -> Job:
     inserted = conn.execute(q.INSERT, row).fetchall()
     if inserted:
-        return q.row_to_job(inserted[0])
+        queue, text, _, key, max_attempts, run_after = row[:6]
+        return queued_job(inserted[0][0], queue, orjson.loads(text), key, max_attempts, run_after)
     found = conn.execute(q.BY_KEY, (row[3],)).fetchall()
     if not found:  # pragma: no cover - the conflicting row cannot vanish inside our transaction
         raise JobStoreError(detail=f"idempotency key {row[3]!r} conflicted but was not found")

@@ -359,6 +359,32 @@ class Enqueue:
     idempotency_key: str
 
 
+def queued_job(
+    job_id: int,
+    queue: str,
+    payload: dict[str, Any],
+    idempotency_key: str,
+    max_attempts: int,
+    run_after: float,
+) -> Job:
+    """The row a store has just inserted, from what the insert wrote (no read of it back)."""
+    return Job(
+        id=job_id,
+        queue=queue,
+        payload=payload,
+        idempotency_key=idempotency_key,
+        state="queued",
+        attempts=0,
+        max_attempts=max_attempts,
+        run_after=run_after,
+        fence=0,
+        lease_owner=None,
+        lease_until=None,
+        last_error=None,
+        result=None,
+    )
+
+
 def prepare_enqueue(
     queue: str,
     payload: Mapping[str, Any],
