@@ -345,7 +345,7 @@ def test_integral_negative_zero_and_exponent_floats_together() -> None:
 
 
 def test_exact_encoder_passes_every_canonical_vector() -> None:
-    """The reference encoder alone matches the seed on every vector."""
+    """The reference encoder alone matches the JavaScript original on every vector."""
     for vector in vectors("canonical"):
         want = expected(vector)
         value = json.loads(vector["input"]["json"])

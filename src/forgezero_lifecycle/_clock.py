@@ -1,7 +1,10 @@
-"""The only reader of time in the library.
+"""The clock of the drain's deadlines.
 
-Controllers take a :class:`Clock` so tests can drive deadlines with a manual clock
-(:class:`forgezero_lifecycle.testing.ManualClock`) instead of real sleeps.
+Controllers whose deadlines the drain depends on (the drain, the handoff, the runtime's graces,
+the scheduler) take a :class:`Clock`, so tests drive them with a manual clock
+(:class:`forgezero_lifecycle.testing.ManualClock`) instead of real sleeps. Code that waits on the
+outside world in real time (job stores' idle polling, the client's and CLI's polling, the server
+integration under ``serve``) reads the system clock directly.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """One exception tree for the whole library; every error carries a stable ``code``.
 
-The codes are the seed's wire strings (``RUNTIME_*``) plus the library's own (``QUEUE_*``,
-``JOB_*``, ``SCHEDULE_*``). Bad input subclasses :class:`ValueError`, a call in the wrong state
-subclasses :class:`RuntimeError`, an unknown name subclasses :class:`LookupError`::
+The codes are the JavaScript `@forgezero/runtime` lifecycle module's wire strings (``RUNTIME_*``)
+plus the library's own (``QUEUE_*``, ``JOB_*``, ``SCHEDULE_*``). Bad input subclasses
+:class:`ValueError`, a call in the wrong state subclasses :class:`RuntimeError`, an unknown name
+subclasses :class:`LookupError`::
 
     LifecycleError                      .code, .detail
     ├── ConfigurationError (ValueError)       RUNTIME_CONFIG_INVALID

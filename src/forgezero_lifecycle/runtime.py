@@ -6,7 +6,7 @@
     runtime.install(app)            # Starlette / FastAPI: middleware + control plane
     app = runtime.wrap(any_asgi)    # any other ASGI app
 
-A drain with ``timeoutMs = T`` runs, all inside T (DESIGN.md §3):
+A drain with ``timeoutMs = T`` runs, all inside T (README, "What a drain does"):
 
 1. readiness turns 503 and :attr:`Runtime.draining` is set;
 2. for ``not_ready_grace`` seconds intake stays open, so load balancers see readiness first;
@@ -340,7 +340,7 @@ def _openapi_document() -> tuple[bytes, str]:
 
 @final
 class _Dependencies:
-    """The drain controller's view of the runtime (the seed's ``RuntimeDrainDependencies``)."""
+    """The drain controller's view of the runtime (``RuntimeDrainDependencies``)."""
 
     __slots__ = ("_runtime",)
 

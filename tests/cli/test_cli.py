@@ -74,7 +74,7 @@ def test_no_wait_then_status_then_rollback(
 def test_failed_drain_exits_1_with_the_failure_code(
     start_serve: StartServe, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A drain that misses its deadline ends failed: exit 1, the seed's code printed."""
+    """A drain that misses its deadline ends failed: exit 1, the original's code printed."""
     served = start_serve()
     served.in_background("/slow?seconds=2")
     served.wait_admitted()

@@ -5,9 +5,9 @@
   refusing every value), ``exportState`` resolving with ``exported_json``, ``importState`` "ok"
   or rejecting. A JavaScript rejection with a non-Error has no Python equivalent; its analogue
   is an exception without a message, which the controller reports as ``RUNTIME_STATE_FAILED``.
-* :class:`RecordingTransport` is the seed harness's ``fetchState`` that records its call and
-  never settles: the request the controller built (URL, method, headers) is recorded, and the
-  response never comes.
+* :class:`RecordingTransport` is the JavaScript conformance harness's ``fetchState`` that records
+  its call and never settles: the request the controller built (URL, method, headers) is recorded,
+  and the response never comes.
 * :func:`serving` serves a vector's ``source`` from real loopback sockets, byte for byte.
 """
 

@@ -1,4 +1,6 @@
-"""Loading the conformance vectors (data produced by running the seed's JavaScript)."""
+"""Loading the conformance vectors: data produced by running the JavaScript original.
+
+The original is the JavaScript `@forgezero/runtime` lifecycle module."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ def test_every_canonical_vector_is_collected() -> None:
 
 @pytest.mark.parametrize("vector", CANONICAL, ids=[v["id"] for v in CANONICAL])
 def test_canonical_vector(vector: dict[str, Any]) -> None:
-    """canonical_json and state_digest give the bytes and digests the seed's JavaScript gave."""
+    """canonical_json and state_digest give the bytes and digests the JavaScript module gave."""
     want = expected(vector)
     value = json.loads(vector["input"]["json"])
     envelope = {**vector["input"]["envelope"], "value": value}

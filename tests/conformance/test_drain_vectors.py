@@ -23,7 +23,7 @@ pytestmark = pytest.mark.anyio
 
 
 class ScriptedDependencies:
-    """The vectors' dependency script, recording calls in the seed's names."""
+    """The vectors' dependency script, recording calls in the JavaScript module's names."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.calls: list[dict[str, Any]] = []
@@ -142,7 +142,7 @@ def test_every_drain_vector_is_collected() -> None:
 
 @pytest.mark.parametrize("vector", DRAIN_BEGIN, ids=[v["id"] for v in DRAIN_BEGIN])
 async def test_drain_begin_vector(vector: dict[str, Any]) -> None:
-    """begin() then status() answer as the seed does, or as the port rule requires."""
+    """begin() then status() answer as the JavaScript module does, or as the port rule requires."""
     inp, want = vector["input"], expected(vector)
     spec = {"initial_counters_json": json.dumps(inp["counters"])} if "counters" in inp else {}
     steps = [
@@ -156,7 +156,7 @@ async def test_drain_begin_vector(vector: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("vector", DRAIN_SCRIPTS, ids=[v["id"] for v in DRAIN_SCRIPTS])
 async def test_drain_script_vector(vector: dict[str, Any]) -> None:
-    """A scripted sequence of begin/status/resolve/reject steps gives the seed's outcomes."""
+    """A scripted sequence of begin/status/resolve/reject steps gives the original's outcomes."""
     inp, want = vector["input"], expected(vector)
     results, calls = await run_script(inp.get("dependencies", {}), inp["steps"])
     assert results == [comparable(step) for step in want["steps"]]

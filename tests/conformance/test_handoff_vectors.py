@@ -1,11 +1,11 @@
 """Every handoff vector of the conformance file, run against :class:`StateHandoffController`.
 
 ``handoff_begin`` and ``handoff_sequence`` use a fetch that records and never settles (an httpx
-transport) and a manual clock: the one deadline the seed gives fetch as an AbortSignal is, here,
-the one sleeper parked on the clock. ``handoff_export`` constructs adapters from JSON and
-exports. ``handoff_envelope`` serves each vector's exact bytes from real loopback sockets and
-polls the status until it is no longer pending. Where a vector has a ``port`` field its
-``port.expected`` is asserted instead of the JavaScript outcome.
+transport) and a manual clock: the one deadline the JavaScript `@forgezero/runtime` lifecycle module
+gives fetch as an AbortSignal is, here, the one sleeper parked on the clock. ``handoff_export``
+constructs adapters from JSON and exports. ``handoff_envelope`` serves each vector's exact bytes
+from real loopback sockets and polls the status until it is no longer pending. Where a vector has a
+``port`` field its ``port.expected`` is asserted instead of the JavaScript outcome.
 """
 
 from __future__ import annotations

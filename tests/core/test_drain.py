@@ -1,4 +1,4 @@
-"""DrainController beyond the seed: rollback, the revision check, nonce reuse, wait()."""
+"""DrainController beyond the JavaScript original: rollback, revision check, nonce reuse, wait()."""
 
 from __future__ import annotations
 

@@ -7,9 +7,10 @@ is fetched, and no handoff starts. A loopback source that answers with a redirec
 is never followed: one request, then ``RUNTIME_STATE_SOURCE_HTTP_<status>``.
 
 Numeric spellings of 127.0.0.1 (``2130706433``, ``0x7f000001``, ``0177.0.0.1``, ``127.1``) are
-loopback by the WHATWG URL rules the seed uses (conformance vectors): they are accepted, and the
-request goes to 127.0.0.1 itself, never through a resolver. The same spellings of any other
-address, and IPv4-mapped IPv6 forms even of 127.0.0.1, are refused.
+loopback by the WHATWG URL rules the JavaScript `@forgezero/runtime` lifecycle module uses
+(conformance vectors): they are accepted, and the request goes to 127.0.0.1 itself, never through a
+resolver. The same spellings of any other address, and IPv4-mapped IPv6 forms even of 127.0.0.1, are
+refused.
 """
 
 from __future__ import annotations

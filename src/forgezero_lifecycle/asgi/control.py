@@ -1,10 +1,10 @@
-"""The control plane: every path of DESIGN.md §4 as one small ASGI app.
+"""The control plane: every path of the wire protocol (README, "Wire protocol") as one ASGI app.
 
 Authentication is a bearer token compared with :func:`hmac.compare_digest` (the control token for
 drain and handoff control, the separate handoff token for state export). Bodies are capped at
 16 KiB before parsing, must be ``application/json`` and strict UTF-8 JSON. Every error is
-``{"error": CODE}`` (plus an optional ``detail`` that never holds a token) with the status of the
-table below; a 5xx for any client input is a bug.
+``{"error": CODE}`` (plus an optional ``detail`` that never holds a token) with the status
+:func:`status_for` maps its class to; a 5xx for any client input is a bug.
 """
 
 from __future__ import annotations

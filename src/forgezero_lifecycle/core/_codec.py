@@ -1,6 +1,7 @@
 """Sealing and opening state envelopes for one adapter: the handoff's checks, without I/O.
 
-The order of the checks is the seed's, so the first failing check names the error:
+The order of the checks is that of the JavaScript `@forgezero/runtime` lifecycle module, so
+the first failing check names the error:
 
 * seal (export): cursor, then the value against its model (``RUNTIME_STATE_EXPORT_INVALID``),
   then canonical JSON (``RUNTIME_STATE_VALUE_INVALID``), then the size
@@ -9,6 +10,8 @@ The order of the checks is the seed's, so the first failing check names the erro
   (``RUNTIME_STATE_ENVELOPE_INVALID``), canonical JSON (``RUNTIME_STATE_VALUE_INVALID``), the
   digest (``RUNTIME_STATE_DIGEST_MISMATCH``), then the size (port rule D8,
   ``RUNTIME_STATE_ENVELOPE_TOO_LARGE``), so a state that exports also imports.
+
+Port rules D1-D9 are listed in ``tests/conformance/vectors.json``, ``meta.format_notes.port_rules``.
 """
 
 from __future__ import annotations
@@ -144,8 +147,9 @@ class StateCodec(Generic[T]):
         ):
             raise _envelope_invalid()
         if "value" not in envelope:
-            # The seed validates `undefined`, then cannot canonicalise it: a model that accepts
-            # null (the nearest value it can be asked about) gets VALUE_INVALID, as in the seed.
+            # The JavaScript module validates `undefined`, then cannot canonicalise it: a model that
+            # accepts null (the nearest value it can be asked about) gets VALUE_INVALID, as in the
+            # JavaScript module.
             raise _value_invalid() if accepts(self.model, None) else _envelope_invalid()
         value = envelope["value"]
         source, target = request.source_revision, request.target_revision
@@ -177,7 +181,8 @@ class StateCodec(Generic[T]):
         }
 
     def _dumped(self, value: BaseModel) -> Any:
-        """The value as JSON data (by alias), checked against its model as the seed's validate.
+        """The value as JSON data (by alias), checked against its model as the JavaScript module's
+        validate.
 
         pydantic's JSON mode cannot dump some valid JSON (a dict key with a lone surrogate):
         the Python dump is used then, and canonical JSON refuses whatever is not JSON data.

@@ -95,8 +95,9 @@ async def fetch_document(
     url: str, authorization: str, *, transport: httpx.AsyncBaseTransport | None, limit: int
 ) -> dict[str, Any]:
     """GET ``url`` with ``Authorization`` and return the envelope as a parsed JSON object."""
-    # Only the Authorization header is set, as the seed does; httpx adds Host. No client
-    # defaults (Accept-Encoding, User-Agent...) since the request is built directly.
+    # Only the Authorization header is set, as the JavaScript `@forgezero/runtime` lifecycle module
+    # does; httpx adds Host. No client defaults (Accept-Encoding, User-Agent...) since the request
+    # is built directly.
     request = httpx.Request("GET", url, headers={"Authorization": authorization})
     try:
         # trust_env=False: no proxy or netrc from the environment for a loopback fetch.

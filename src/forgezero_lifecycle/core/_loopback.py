@@ -1,10 +1,12 @@
-"""The seed's loopback rule for handoff sources, on a WHATWG URL parse of ``http`` URLs.
+"""The loopback rule for handoff sources, on a WHATWG URL parse of ``http`` URLs.
 
-The seed runs ``new URL(raw)`` and accepts the URL when its protocol is ``http:``, it carries no
-username, password or fragment, and its hostname is ``127.0.0.1``, ``[::1]``, ``::1`` or
+The rule is the JavaScript `@forgezero/runtime` lifecycle module's.
+
+The JavaScript module runs ``new URL(raw)`` and accepts the URL when its protocol is ``http:``, it
+carries no username, password or fragment, and its hostname is ``127.0.0.1``, ``[::1]``, ``::1`` or
 ``localhost``; it then fetches ``url.toString()``. So what counts is the *normalised* URL:
-``http://127.1/``, ``http://2130706433/``, fullwidth ``localhost`` and ``http:127.0.0.1/x``
-are all accepted, and the string fetched is the serialisation (``http://127.0.0.1/``...).
+``http://127.1/``, ``http://2130706433/``, fullwidth ``localhost`` and ``http:127.0.0.1/x`` are all
+accepted, and the string fetched is the serialisation (``http://127.0.0.1/``...).
 
 This module implements the WHATWG URL standard's basic URL parser for the one scheme it needs
 (``http``, a special scheme, with no base URL): trimming, scheme, authority, userinfo, host
@@ -12,6 +14,8 @@ This module implements the WHATWG URL standard's basic URL parser for the one sc
 and serialisation. Any input the
 standard rejects, any other scheme and any host that does not serialise to one of the three
 loopback names raise :class:`StateInputInvalid` ``RUNTIME_STATE_SOURCE_INVALID`` (port rule D7).
+
+Port rules D1-D9 are listed in ``tests/conformance/vectors.json``, ``meta.format_notes.port_rules``.
 """
 
 from __future__ import annotations
@@ -64,7 +68,8 @@ def _parse_http(raw: str) -> tuple[str, str]:
     authority, rest = rest[:end], rest[end:]
     at = authority.rfind("@")
     if at >= 0:
-        # Only an empty username and password pass the seed's rule; "" and ":" encode to them.
+        # Only an empty username and password pass the JavaScript module's rule; "" and ":" encode
+        # to them.
         if authority[:at] not in ("", ":"):
             raise UrlInvalid
         authority = authority[at + 1 :]

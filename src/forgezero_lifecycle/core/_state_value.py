@@ -1,14 +1,18 @@
 """The adapter's value model: construction checks, validation, and failure text.
 
-Validation has two strengths, used at the seed's two points:
+Validation has two strengths, used at the JavaScript `@forgezero/runtime` lifecycle module's two
+points:
 
-* :func:`accepts` is the seed's ``adapter.validate(value)``: the model's own (lax) validation of
-  the parsed value. The controller consults it only to order errors as the seed does when the
-  value cannot be canonicalised (a value the model refuses is invalid before it is unencodable).
+* :func:`accepts` is the JavaScript module's ``adapter.validate(value)``: the model's own (lax)
+  validation of the parsed value. The controller consults it only to order errors as the JavaScript
+  module does when the value cannot be canonicalised (a value the model refuses is invalid before it
+  is unencodable).
 * :func:`load` builds the typed value handed to ``import_state``: the model validates the
   *canonical JSON* of the value in strict JSON mode, so what the exporter checked is exactly what
   the importer receives ("a state that exports must import", port rule D8) and no silent
   coercion (``"7"`` for ``7``) happens on the way in.
+
+Port rules D1-D9 are listed in ``tests/conformance/vectors.json``, ``meta.format_notes.port_rules``.
 """
 
 from __future__ import annotations
@@ -110,7 +114,7 @@ def _members_secret_path(tp: type, where: str, seen: set[int]) -> str | None:
 
 
 def accepts(model: type[BaseModel], value: object) -> bool:
-    """The model's own validation of ``value`` (the seed's ``adapter.validate``)."""
+    """The model's own validation of ``value`` (the JavaScript module's ``adapter.validate``)."""
     try:
         model.model_validate(value)
     except (ValidationError, ValueError, TypeError):

@@ -1,4 +1,6 @@
-"""The drain state machine: the seed's ``RuntimeDrainController`` plus rollback.
+"""The drain state machine: ``RuntimeDrainController`` plus rollback.
+
+The controller is the JavaScript `@forgezero/runtime` lifecycle module's, with rollback added.
 
 ::
 
@@ -13,6 +15,8 @@ owns. One controller serves one process: a second nonce cannot replace a running
 exact retry is acknowledged as a duplicate.
 
 The controller imports nothing it controls; everything arrives through :class:`DrainDependencies`.
+
+Port rules D1-D9 are listed in ``tests/conformance/vectors.json``, ``meta.format_notes.port_rules``.
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ MAX_FAILURE_CODE_POINTS: Final = 128
 
 
 class DrainDependencies(Protocol):
-    """What the controller drives (the seed's ``RuntimeDrainDependencies`` plus ``resume``)."""
+    """What the controller drives (the JavaScript module's ``RuntimeDrainDependencies`` plus
+    ``resume``)."""
 
     def drain_requests(self) -> None:
         """Atomically refuse all new HTTP, WebSocket, job and schedule intake."""
@@ -227,9 +232,9 @@ class DrainController:
         return self._request
 
     def _start(self, timeout_ms: int) -> None:
-        # The dependencies are called here, synchronously and in the seed's order, so that the
-        # intake is closed when begin() returns; a dependency that throws fails the drain (D3)
-        # and no later dependency is called.
+        # The dependencies are called here, synchronously and in the JavaScript module's order, so
+        # that the intake is closed when begin() returns; a dependency that throws fails the drain
+        # (D3) and no later dependency is called.
         started: list[Awaitable[None]] = []
         try:
             self._deps.drain_requests()
@@ -331,7 +336,7 @@ def _discard(awaitable: Awaitable[None]) -> None:
 
 
 def _failure_text(cause: BaseException) -> str:
-    """The seed's failure text: a code, or the message of a clock/counter error (≤ 128)."""
+    """The JavaScript module's failure text: a code, or a clock/counter error's message (≤ 128)."""
     if isinstance(cause, LifecycleError):
         return cause.code
     message = cause.args[0] if cause.args and isinstance(cause.args[0], str) else ""

@@ -1,4 +1,6 @@
-"""Typed state handoff: the seed's ``RuntimeStateHandoffController`` with a pydantic adapter.
+"""Typed state handoff: ``RuntimeStateHandoffController`` with a pydantic adapter.
+
+The controller is the JavaScript `@forgezero/runtime` lifecycle module's.
 
 The old generation serves its state through :meth:`StateHandoffController.export_state` (the
 control app's export endpoint); the new generation is told by the orchestrator to
@@ -8,7 +10,8 @@ canonical JSON, the same limit on export and import), digest-checked, fetched on
 loopback ``http`` URL, never through a redirect, within one deadline, and imported exactly once.
 The orchestrator only ever sees the cursor and digest, never the value.
 
-The seed's codes, and the port rules D1-D9 of the conformance vectors, apply throughout.
+The JavaScript module's codes, and the port rules D1-D9 of the conformance vectors
+(``tests/conformance/vectors.json``, ``meta.format_notes.port_rules``), apply throughout.
 """
 
 from __future__ import annotations

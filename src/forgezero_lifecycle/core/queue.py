@@ -1,4 +1,6 @@
-"""Keyed work queue: the seed's memory-only ``createQueue`` as an asyncio API.
+"""Keyed work queue: a memory-only ``createQueue`` as an asyncio API.
+
+The queue is the JavaScript `@forgezero/runtime` lifecycle module's.
 
 ``await queue.run(key, handler, *args)`` returns the handler's result or raises its exception.
 Tasks of one key run strictly in submission order, one at a time; different keys run in
@@ -6,10 +8,10 @@ parallel, at most ``width`` at once. The handler runs in the submitting task its
 created per submission), so cancelling the caller cancels its own work, and a refused
 submission raises at the ``await`` without leaving a future or task behind.
 
-Refusals follow the seed's precedence: :class:`QueueStoppedError` (after :meth:`stop` or
-:meth:`abort`) wins over :class:`QueueIntakePausedError` (after :meth:`pause_intake`), which wins
-over :class:`QueueKeyStoppedError` (after :meth:`stop_key`). :meth:`pause` and
-:meth:`pause_key` hold work instead of refusing it.
+Refusals follow the JavaScript module's precedence: :class:`QueueStoppedError` (after :meth:`stop`
+or :meth:`abort`) wins over :class:`QueueIntakePausedError` (after :meth:`pause_intake`), which wins
+over :class:`QueueKeyStoppedError` (after :meth:`stop_key`). :meth:`pause` and :meth:`pause_key`
+hold work instead of refusing it.
 
 The intake pause is the handoff fence: accepted work continues, nothing new is admitted, so
 :meth:`when_idle` is an exact boundary, and :meth:`resume_intake` reverses it (except after

@@ -1,4 +1,4 @@
-"""Durable fenced jobs (layer 1b): the store protocol, the stores and the worker.
+"""Durable fenced jobs: the store protocol, the stores and the worker.
 
 The SQL stores are imported lazily, on first access: ``PostgresJobStore`` so the package works
 without psycopg (without it the access raises :class:`ImportError` with the install hint,

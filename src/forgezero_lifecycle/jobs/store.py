@@ -6,7 +6,7 @@ A job is a JSON payload with an idempotency key, a state, an attempt counter, a 
 with, and only touches the row while ``state = 'leased'``. Zero rows updated means the lease was
 lost (reclaimed after expiry, released, or completed by someone else), and the caller gets
 :class:`~forgezero_lifecycle._errors.LeaseLostError`, never a silent success. This is what keeps
-an old generation from committing work a new generation has reclaimed (DESIGN.md §1.4).
+an old generation from committing work a new generation has reclaimed (README, "The guarantees", 4).
 
 State machine::
 

@@ -1,10 +1,14 @@
-"""Field types shared by every wire model: the seed's validation, made strict.
+"""Field types shared by every wire model: the original's validation, made strict.
 
-The seed validates with JavaScript ``RegExp.test`` and ``Number.isSafeInteger``. The port keeps
-the same patterns and ranges but refuses values of the wrong JSON type (port rule D1): a nonce
-wrapped in an array, ``true`` for a number, ``"100"`` for a number. Integral floats (``100.0``,
-``1e2``) are integers, as in JavaScript. Patterns match the whole string (``re.fullmatch``), since
-Python's ``$`` also matches before a final newline.
+The original is the JavaScript `@forgezero/runtime` lifecycle module.
+
+The JavaScript module validates with JavaScript ``RegExp.test`` and ``Number.isSafeInteger``. The
+port keeps the same patterns and ranges but refuses values of the wrong JSON type (port rule D1): a
+nonce wrapped in an array, ``true`` for a number, ``"100"`` for a number. Integral floats
+(``100.0``, ``1e2``) are integers, as in JavaScript. Patterns match the whole string
+(``re.fullmatch``), since Python's ``$`` also matches before a final newline.
+
+Port rules D1-D9 are listed in ``tests/conformance/vectors.json``, ``meta.format_notes.port_rules``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Messages of the drain protocol (``forgezero-drain/v1``): the seed's ``lifecycle.d.ts``."""
+"""Messages of the drain protocol (``forgezero-drain/v1``), as ``lifecycle.d.ts`` types them.
+
+The types are those of the JavaScript `@forgezero/runtime` lifecycle module."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Wire shapes and constants of the typed state handoff (the seed's ``RuntimeState*`` types).
+"""Wire shapes and constants of the typed state handoff (the ``RuntimeState*`` types).
+
+The types are those of the JavaScript `@forgezero/runtime` lifecycle module.
 
 A handoff moves one typed, versioned, digest-checked value from the draining generation to the
 new one. The new generation receives a :class:`StateHandoffRequest` (where to fetch from and with
@@ -7,9 +9,11 @@ and reports progress as a :class:`StateHandoffStatus`. The adapter's ``import_st
 :class:`StateImportContext` beside the value.
 
 Every model uses :data:`~forgezero_lifecycle.wire._types.WIRE_CONFIG`: camelCase on the wire,
-unknown fields ignored and never echoed. Serialize with
-``model_dump(mode="json", exclude_none=True)``. Patterns are the seed's, matched against the whole
-string with :meth:`re.Pattern.fullmatch`.
+unknown fields ignored and never echoed. Serialize with ``model_dump(mode="json",
+exclude_none=True)``. Patterns are the JavaScript module's, matched against the whole string with
+:meth:`re.Pattern.fullmatch`.
+
+Port rules D1-D9 are listed in ``tests/conformance/vectors.json``, ``meta.format_notes.port_rules``.
 """
 
 from __future__ import annotations
@@ -127,7 +131,7 @@ class StateHandoffStatus(BaseModel):
     """Body of ``GET /.forgezero/runtime/state/v1/status``: acknowledgement metadata only.
 
     ``cursor`` and ``digest`` are present once acknowledged, ``failure`` once failed; dump with
-    ``exclude_none=True`` so absent fields are omitted as in the seed.
+    ``exclude_none=True`` so absent fields are omitted as in the JavaScript module.
     """
 
     model_config = WIRE_CONFIG

@@ -1,4 +1,6 @@
-"""The control plane's paths: the seed's strings, and the port's additions beside them."""
+"""The control plane's paths: the original's strings, and the port's additions beside them.
+
+The original is the JavaScript `@forgezero/runtime` lifecycle module."""
 
 from __future__ import annotations
 
