@@ -263,8 +263,9 @@ _BODILESS: Final = 16
 #: The drain gave up on this connection: a send was still blocked at the cutoff.
 _ABANDONED: Final = 32
 _BODILESS_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
-#: Disconnected by the notice after the response started but before its last chunk.
+#: The flags that tell whether the notice cut a response short ...
 _CUT_SHORT: Final = _STARTED | _FINISHED | _DISCONNECTED
+#: ... and their value when it did: started, disconnected by the notice, last chunk not sent.
 _CUT_SHORT_UNFINISHED: Final = _STARTED | _DISCONNECTED
 
 
