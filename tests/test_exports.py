@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 
 import forgezero_lifecycle
 
@@ -56,8 +57,10 @@ def test_importing_the_runtime_does_not_import_httpx() -> None:
         "import sys, forgezero_lifecycle as f; f.Runtime(control_token='t' * 32); "
         "print('httpx' in sys.modules)"
     )
+    # Unmeasured: coverage keeps its data in SQLite, so a measured child has sqlite3 loaded.
+    env = {k: v for k, v in os.environ.items() if k != "COVERAGE_PROCESS_CONFIG"}
     loaded = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
     ).stdout.strip()
     assert loaded == "False"
 
@@ -71,7 +74,9 @@ def test_importing_the_runtime_loads_no_sql_store_and_no_cron_parser() -> None:
         "import sys, forgezero_lifecycle as f; f.Runtime(control_token='t' * 32); "
         "print(sorted(m for m in ('sqlite3', 'cronsim', 'psycopg') if m in sys.modules))"
     )
+    # Unmeasured: coverage keeps its data in SQLite, so a measured child has sqlite3 loaded.
+    env = {k: v for k, v in os.environ.items() if k != "COVERAGE_PROCESS_CONFIG"}
     loaded = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
     ).stdout.strip()
     assert loaded == "[]"
