@@ -1,4 +1,9 @@
-"""``forgezero-lifecycle serve APP``: import the app, find or build its runtime, serve it."""
+"""``forgezero-lifecycle serve APP``: import the app, find or build its runtime, serve it.
+
+Without ``--workers`` this process serves the app itself; with ``--workers N`` it becomes the
+supervisor of :mod:`.supervisor`, and every worker process it starts runs :func:`load_app`
+anew (so each generation imports the code on disk at its start).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import asyncio
 import os
 import sys
 import traceback
-from typing import Final
+from typing import Final, Literal
 
 from uvicorn.importer import ImportFromStringError, import_from_string
 
@@ -16,7 +21,7 @@ from ..runtime import Runtime
 from .options import ServeOptions
 from .server import find_runtime, serve_app
 
-__all__ = ["run"]
+__all__ = ["load_app", "run"]
 
 #: The graces of a runtime ``serve`` builds when no flag gives them (the ``Runtime`` defaults).
 DEFAULT_NOT_READY_GRACE: Final = 0.0
@@ -32,6 +37,21 @@ def run(app: str | ASGIApp, options: ServeOptions) -> int:
     from the flags; an app with its own runtime is served with it, and every flag given must
     agree with it, or ``serve`` refuses to start (a flag it would silently ignore is an error).
     """
+    if options.workers is not None:
+        if not isinstance(app, str):
+            raise ConfigurationError(detail="--workers needs the app as 'module:attribute'")
+        from .supervisor import run_supervisor
+
+        return run_supervisor(app, options)
+    loaded, runtime, source = load_app(app, options)
+    return asyncio.run(serve_app(loaded, runtime, options, runtime_source=source))
+
+
+def load_app(
+    app: str | ASGIApp, options: ServeOptions
+) -> tuple[ASGIApp, Runtime, Literal["app", "serve"]]:
+    """The app (imported when given as a string), its runtime (built from the flags when it has
+    none), and where the runtime came from."""
     _export(options)
     if isinstance(app, str):
         app = _import(app, options.app_dir)
@@ -45,9 +65,9 @@ def run(app: str | ASGIApp, options: ServeOptions) -> int:
             stream_grace=_or(options.stream_grace, DEFAULT_STREAM_GRACE),
             insecure_loopback_control=options.insecure_loopback_control,
         )
-        return asyncio.run(serve_app(runtime.wrap(app), runtime, options, runtime_source="serve"))
+        return runtime.wrap(app), runtime, "serve"
     _check_agrees(runtime, options)
-    return asyncio.run(serve_app(app, runtime, options, runtime_source="app"))
+    return app, runtime, "app"
 
 
 def _export(options: ServeOptions) -> None:

@@ -45,6 +45,12 @@ class ServeOptions:
     log_level: str = "info"
     access_log: bool = True
     app_dir: str = "."
+    #: None: one process, as plain ``serve``; N: a supervisor running generations of N workers.
+    workers: int | None = None
+    revision_file: str | None = None
+    revision_command: str | None = None
+    start_timeout: float = 30.0
+    handover_grace: float = 1.0
 
 
 def parse_duration(text: str) -> float:
@@ -73,6 +79,11 @@ environment:
   FORGEZERO_REVISION          the revision when --revision is absent (e.g. the Kubernetes
                               downward API); set from --revision otherwise, for the app to read
   FORGEZERO_NOT_READY_GRACE   set from the flag, for the app to read
+  LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES   systemd socket activation: serve on these sockets
+
+signals (with --workers; FORGEZERO_REVISION and the graces are then set per generation):
+  SIGTERM, SIGINT  drain every worker as one generation, then exit; a second one forces the stop
+  SIGHUP           start a new generation on the same socket, then drain and stop the old one
 """
 
 
@@ -130,6 +141,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-level", default="info")
     add("--no-access-log", action="store_true")
     add("--app-dir", default=".", help="added to sys.path (default: .)")
+    add(
+        "--workers",
+        type=_workers,
+        metavar="N",
+        help="run a supervisor: one held socket, generations of N worker processes, SIGHUP "
+        "hands over to a new generation on the same port (default: one process, no supervisor)",
+    )
+    add(
+        "--revision-file",
+        type=Path,
+        metavar="PATH",
+        help="with --workers: each generation's revision, read from PATH when it starts",
+    )
+    add(
+        "--revision-command",
+        metavar="COMMAND",
+        help="with --workers: each generation's revision, printed by COMMAND (e.g. "
+        "'git rev-parse HEAD') when it starts",
+    )
+    add(
+        "--start-timeout",
+        type=parse_duration,
+        default=30.0,
+        metavar="DURATION",
+        help="with --workers: a worker not ready within this fails its generation (default 30s)",
+    )
+    add(
+        "--handover-grace",
+        type=parse_duration,
+        default=1.0,
+        metavar="DURATION",
+        help="with --workers: on a handover the old workers stop accepting and close idle "
+        "keep-alive connections this long before their intake closes (default 1s)",
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
@@ -156,6 +201,11 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         log_level=args.log_level,
         access_log=not args.no_access_log,
         app_dir=args.app_dir,
+        workers=args.workers,
+        revision_file=None if args.revision_file is None else str(args.revision_file),
+        revision_command=args.revision_command,
+        start_timeout=args.start_timeout,
+        handover_grace=args.handover_grace,
     )
 
 
@@ -169,3 +219,13 @@ def _revision_from_env() -> str | None:
             detail=f"FORGEZERO_REVISION is not a revision (40 lowercase hex digits): {text[:48]!r}"
         )
     return text
+
+
+#: Workers of one generation; a handover runs two generations side by side for a moment.
+MAX_WORKERS: Final = 64
+
+
+def _workers(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"--workers takes 1 to {MAX_WORKERS}, not {text!r}")
+    return int(text)

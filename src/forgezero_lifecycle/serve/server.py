@@ -9,7 +9,7 @@ import logging
 import math
 import signal
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, Literal, final
 
 import uvicorn
@@ -55,6 +55,7 @@ async def serve_app(
     sockets: Sequence[socket.socket] | None = None,
     shared_listener: bool = False,
     runtime_source: Literal["app", "serve"] = "app",
+    on_server: Callable[[uvicorn.Server], None] | None = None,
 ) -> int:
     """Serve until a signal's self-drain settles (or a second signal forces the stop).
 
@@ -63,6 +64,8 @@ async def serve_app(
     other processes accept on them too: the stop then only stops this process accepting and
     leaves the kernel's listening socket, and its accept queue, to them. ``runtime_source`` says
     whether ``runtime`` is the app's own or one ``serve`` built from its flags (for the log).
+    ``on_server`` is handed the uvicorn server before it starts (a supervisor's worker watches
+    its startup and stops it accepting during a handover).
     """
     stop = ConnectionStop(options.first_byte_grace)
     config = uvicorn.Config(
@@ -80,6 +83,8 @@ async def serve_app(
     )
     server = _Server(config, stop, shared_listener=shared_listener)  # logging is set up now
     runtime.signal_drain.disable()  # the handlers below turn signals into the drain instead
+    if on_server is not None:
+        on_server(server)
     if runtime_source == "app":
         logger.info("serve.runtime source=app: the app's own runtime, which agrees with the flags")
     else:

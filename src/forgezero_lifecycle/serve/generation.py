@@ -1,0 +1,513 @@
+"""One generation of a supervised server: N worker processes that drain as one.
+
+The generation owns a :class:`~forgezero_lifecycle.core.drain.DrainController` whose dependencies
+fan out to the workers over their private channels: ``begin`` reaches every worker's own runtime
+in the same instant with the same request (nonce, revisions, ``timeoutMs``), and the controller
+races the same deadline. The public control plane of any worker forwards the drain paths here
+and they are answered by a :class:`~forgezero_lifecycle.asgi.control.ControlApp` of this
+generation, so validation, authentication and error codes are the single-process ones. Status
+aggregates: counters are the sums over the workers, ``drained`` only once every worker drained,
+``failed`` as soon as one failed or died (``detail.workers`` says which), and rollback rolls
+back every worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Coroutine, MutableMapping, Sequence
+from typing import Any, Final, final
+
+import orjson
+
+from .._errors import DrainFailed
+from ..asgi.control import ControlApp
+from ..core.drain import DrainController
+from ..wire import paths
+from ..wire.drain import DrainAccepted, DrainRequest, WorkCounters
+from .channel import Channel, ChannelClosed
+from .options import ServeOptions
+from .worker import RELOAD_PATH
+
+__all__ = ["Generation", "StartFailed", "WorkerProcess", "exit_reason"]
+
+logger = logging.getLogger("forgezero_lifecycle.serve.supervisor")
+
+_KINDS: Final = ("http", "websocket", "jobs", "schedules")
+#: How long a worker may take to answer one command on its channel.
+COMMAND_TIMEOUT: Final = 10.0
+SETTLED_STATES: Final = frozenset({"drained", "failed", "rolled-back"})
+
+
+class StartFailed(Exception):
+    """A generation could not start: one of its workers died or was not ready in time."""
+
+
+def exit_reason(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+@final
+class WorkerProcess:
+    """One worker as the supervisor sees it: its process, its channel, its last report."""
+
+    def __init__(self, generation: Generation, index: int) -> None:
+        self.generation = generation
+        self.index = index
+        self.process: asyncio.subprocess.Process | None = None
+        self.channel: Channel | None = None
+        self.state = "starting"
+        self.in_flight: dict[str, int] = dict.fromkeys(_KINDS, 0)
+        self.failure: str | None = None
+        self.detail: str | None = None
+        self.stopping = False
+        self.ready = asyncio.Event()
+        self.exited = asyncio.Event()
+        self.exit_reason: str | None = None
+        self.has_state_adapter = False
+        self._waiter: asyncio.Task[None] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    @property
+    def name(self) -> str:
+        return f"worker {self.index} (pid {self.pid}) of generation {self.generation.number}"
+
+    async def spawn(self, listeners: Sequence[socket.socket], config: dict[str, Any]) -> None:
+        ours, theirs = socket.socketpair()
+        fds = [sock.fileno() for sock in listeners]
+        command = [
+            sys.executable, "-m", "forgezero_lifecycle.serve.worker",
+            "--channel-fd", str(theirs.fileno()), "--supervisor-pid", str(os.getpid()),
+            *(f"--listen-fd={fd}" for fd in fds),
+        ]  # fmt: skip
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                *command, pass_fds=(theirs.fileno(), *fds), stdin=asyncio.subprocess.DEVNULL
+            )
+        finally:
+            theirs.close()
+        self.channel = await Channel.open(ours, self._handle)
+        self.channel.notify(config)
+        self._waiter = asyncio.create_task(self._wait())
+        logger.info("supervisor.worker_started %s", self.name)
+
+    async def _wait(self) -> None:
+        assert self.process is not None
+        assert self.channel is not None
+        code = await self.process.wait()
+        self.exit_reason = exit_reason(code)
+        self.exited.set()
+        await self.channel.aclose()
+        self.generation.worker_exited(self)
+
+    async def _handle(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        if message.get("event") == "state":
+            self._report(message)
+            return None
+        if message.get("op") == "control":
+            return await self.generation.answer_control(self, message["request"])
+        return {"error": "RUNTIME_NOT_FOUND"}
+
+    def _report(self, message: dict[str, Any]) -> None:
+        nonce = message.get("nonce")
+        request = self.generation.request
+        if nonce is not None and (request is None or nonce != request.nonce):
+            return  # the end of an earlier drain, reported late
+        self.state = message["state"]
+        if isinstance(message.get("inFlight"), dict):
+            self.in_flight = message["inFlight"]
+        self.failure = message.get("failure")
+        if message.get("detail"):
+            self.detail = message["detail"]
+        if self.state == "ready":
+            self.has_state_adapter = bool(message.get("stateAdapter"))
+            self.ready.set()
+        self.generation.changed()
+
+    async def command(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send ``op``; an unreachable worker answers ``RUNTIME_WORKER_GONE``."""
+        if self.channel is None or self.exited.is_set():
+            return {"error": "RUNTIME_WORKER_GONE"}
+        try:
+            answer = await self.channel.request(op, timeout=COMMAND_TIMEOUT, **fields)
+        except (ChannelClosed, TimeoutError):
+            return {"error": "RUNTIME_WORKER_GONE"}
+        if isinstance(answer.get("inFlight"), dict):
+            self.in_flight = answer["inFlight"]
+        return answer
+
+    def signal(self, signum: int) -> None:
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signum)
+
+    def summary(self) -> dict[str, Any]:
+        found: dict[str, Any] = {"worker": self.index, "pid": self.pid, "status": self.state}
+        if self.exited.is_set():
+            found["exited"] = self.exit_reason
+        found["inFlight"] = dict(self.in_flight)
+        if self.failure:
+            found["failure"] = self.failure
+        return found
+
+
+@final
+class Generation:
+    """N workers on the held sockets, one revision, one drain."""
+
+    def __init__(
+        self,
+        number: int,
+        *,
+        app: str,
+        options: ServeOptions,
+        listeners: Sequence[socket.socket],
+        on_lost: Callable[[WorkerProcess], None],
+        on_reload: Callable[[], bool],
+    ) -> None:
+        assert options.workers is not None
+        self.number = number
+        self.revision = options.revision
+        self._app = app
+        self._options = options
+        self._listeners = listeners
+        self._on_lost = on_lost
+        self._on_reload = on_reload
+        self.workers = [WorkerProcess(self, index) for index in range(options.workers)]
+        self.retired = False
+        self._changed = asyncio.Event()
+        self._acks: list[asyncio.Task[dict[str, Any]]] = []
+        self._schedules: list[object] = []
+        self.controller = DrainController(_FanOut(self), revision=self.revision)
+        self.control = ControlApp(
+            drain=self.controller,
+            is_ready=lambda: not self.controller.active,
+            intake_closed=lambda: self.controller.active,
+            control_token=options.control_token,
+            schedules=lambda: self._schedules,
+            loopback_only=options.insecure_loopback_control,
+        )
+
+    def __repr__(self) -> str:
+        return f"generation {self.number}"
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [worker.pid for worker in self.workers]
+
+    def changed(self) -> None:
+        self._changed.set()
+
+    def _config(self, worker: WorkerProcess) -> dict[str, Any]:
+        return {
+            "app": self._app,
+            "options": dataclasses.asdict(self._options),
+            "index": worker.index,
+            "generation": self.number,
+        }
+
+    async def start(self) -> None:
+        """Start every worker; raise :class:`StartFailed` unless all are ready in time."""
+        await asyncio.gather(*(self.start_worker(worker) for worker in self.workers))
+
+    async def start_worker(self, worker: WorkerProcess) -> None:
+        await worker.spawn(self._listeners, self._config(worker))
+        ready = asyncio.ensure_future(worker.ready.wait())
+        gone = asyncio.ensure_future(worker.exited.wait())
+        try:
+            await asyncio.wait(
+                (ready, gone),
+                timeout=self._options.start_timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            ready.cancel()
+            gone.cancel()
+        if worker.ready.is_set() and not worker.exited.is_set():
+            logger.info("supervisor.worker_ready %s", worker.name)
+            return
+        if worker.exited.is_set():
+            why = f"exited ({worker.exit_reason}) before it was ready"
+        elif worker.state == "failed":
+            why = "failed to start"
+        else:
+            why = f"was not ready within {self._options.start_timeout:g} s"
+        if worker.detail:
+            why += f": {worker.detail}"
+        raise StartFailed(f"{worker.name} {why}")
+
+    def worker_exited(self, worker: WorkerProcess) -> None:
+        self.changed()
+        if worker.stopping or self.retired:
+            logger.info("supervisor.worker_exited %s reason=%s", worker.name, worker.exit_reason)
+            return
+        if worker.ready.is_set() and not self.controller.active:
+            self._on_lost(worker)
+        else:
+            logger.error("supervisor.worker_died %s reason=%s", worker.name, worker.exit_reason)
+
+    def replace(self, lost: WorkerProcess) -> WorkerProcess:
+        """A fresh worker in ``lost``'s place (the caller starts it)."""
+        fresh = WorkerProcess(self, lost.index)
+        self.workers[lost.index] = fresh
+        return fresh
+
+    # The drain, for the whole generation.
+
+    @property
+    def request(self) -> DrainRequest | None:
+        """The drain request the controller holds (the one being begun, during ``begin``)."""
+        return self.controller._request
+
+    def begin(self, request: dict[str, Any]) -> DrainAccepted:
+        """Begin (or acknowledge a retry of) the generation's drain; the controller validates."""
+        return self.controller.begin(request)
+
+    def fan_out(self, op: str, **fields: Any) -> None:
+        self._acks = [
+            asyncio.ensure_future(worker.command(op, **fields))
+            for worker in self.workers
+            if not worker.exited.is_set()
+        ]
+
+    async def acknowledged(self) -> None:
+        """Wait until every worker answered the last begin or rollback."""
+        acks, self._acks = self._acks, []
+        for worker, answer in zip(self.workers, await asyncio.gather(*acks), strict=False):
+            if "error" in answer and answer["error"] != "RUNTIME_WORKER_GONE":
+                logger.error("supervisor.command_refused %s code=%s", worker.name, answer["error"])
+
+    async def wait_drained(self) -> None:
+        """Return once every worker drained; raise as soon as one failed or died."""
+        while True:
+            self._changed.clear()
+            for worker in self.workers:
+                if worker.state == "failed" or (
+                    worker.exited.is_set() and worker.state != "drained"
+                ):
+                    raise DrainFailed("RUNTIME_DRAIN_FAILED", detail=f"{worker.name} failed")
+            if all(worker.state == "drained" for worker in self.workers):
+                return
+            await self._changed.wait()
+
+    def counters(self) -> WorkCounters:
+        totals = dict.fromkeys(_KINDS, 0)
+        for worker in self.workers:
+            if not worker.exited.is_set():
+                for kind in _KINDS:
+                    totals[kind] += int(worker.in_flight.get(kind, 0))
+        return WorkCounters(**totals)
+
+    async def refresh(self) -> None:
+        """Fresh counters and schedules from every worker (bounded by the command timeout)."""
+        answers = await asyncio.gather(
+            *(worker.command("schedules") for worker in self.workers),
+            *(worker.command("status") for worker in self.workers),
+        )
+        schedules: list[object] = []
+        for worker, answer in zip(self.workers, answers[: len(self.workers)], strict=True):
+            schedules.extend(
+                {**entry, "worker": worker.index, "pid": worker.pid}
+                for entry in answer.get("schedules", [])
+            )
+        self._schedules = schedules
+
+    async def answer_control(
+        self, worker: WorkerProcess, forwarded: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Answer a drain path a worker's control plane forwarded, for the whole generation."""
+        if forwarded["path"].rstrip("/") == RELOAD_PATH:
+            return self._reload(forwarded)
+        await self.refresh()
+        status, headers, body = await _call_asgi(self.control, forwarded)
+        path = forwarded["path"].rstrip("/")
+        if path in (paths.RUNTIME_DRAIN_BEGIN_PATH, paths.RUNTIME_DRAIN_ROLLBACK_PATH):
+            await self.acknowledged()
+        if status == 200 and path != paths.RUNTIME_SCHEDULES_STATUS_PATH:
+            document = orjson.loads(body)
+            document["detail"] = self.detail()
+            body = orjson.dumps(document)
+            headers = [(k, v) for k, v in headers if k != "content-length"]
+        return {"status": status, "headers": headers, "body": body.decode("latin-1")}
+
+    def _reload(self, forwarded: dict[str, Any]) -> dict[str, Any]:
+        """``POST supervisor/v1/reload`` (control token): begin a handover."""
+        headers = {k.lower(): v for k, v in forwarded["headers"]}
+        token = self._options.control_token
+        body: dict[str, object]
+        if forwarded["method"] != "POST":
+            status, body = 405, {"error": "RUNTIME_METHOD_NOT_ALLOWED"}
+        elif not _authorized(headers.get("authorization", ""), token) and not (
+            token is None
+            and self._options.insecure_loopback_control
+            and forwarded["client"] in ("127.0.0.1", "::1")
+        ):
+            status, body = 401, {"error": "RUNTIME_UNAUTHORIZED"}
+        elif self._on_reload():
+            status, body = 202, {"accepted": True}
+        else:
+            status, body = (
+                409,
+                {
+                    "error": "RUNTIME_RELOAD_BUSY",
+                    "detail": "a handover or the stop is running; try again once it is done",
+                },
+            )
+        extra = [("www-authenticate", "Bearer")] if status == 401 else []
+        return {
+            "status": status,
+            "headers": [
+                ("content-type", "application/json"),
+                ("cache-control", "no-store"),
+                *extra,
+            ],
+            "body": orjson.dumps(body).decode("latin-1"),
+        }
+
+    def detail(self) -> dict[str, Any]:
+        """The per-worker picture a status carries in ``detail``."""
+        found: dict[str, Any] = {
+            "generation": self.number,
+            "workers": [worker.summary() for worker in self.workers],
+        }
+        failed = [w.index for w in self.workers if w.state == "failed" or w.exited.is_set()]
+        if failed and self.controller.active:
+            found["failedWorkers"] = failed
+        return found
+
+    # Stopping.
+
+    async def stop(self, bound: float, *, force: bool = False) -> None:
+        """Ask every worker to stop, wait (bounded), kill what is left; never raises."""
+        self.retired = True
+        for worker in self.workers:
+            worker.stopping = True
+        await asyncio.gather(
+            *(worker.command("stop", force=force) for worker in self.workers),
+            return_exceptions=True,
+        )
+        waits = [asyncio.ensure_future(w.exited.wait()) for w in self.workers]
+        _, pending = await asyncio.wait(waits, timeout=bound)
+        for waiting in pending:
+            waiting.cancel()
+        for worker in self.workers:
+            if not worker.exited.is_set():
+                logger.error(
+                    "supervisor.worker_killed %s: not stopped within %.1f s", worker.name, bound
+                )
+                worker.signal(signal.SIGKILL)
+        await asyncio.gather(*(w.exited.wait() for w in self.workers if w.process is not None))
+
+
+@final
+class _FanOut:
+    """The generation's drain dependencies: every call reaches every worker."""
+
+    __slots__ = ("_generation",)
+
+    def __init__(self, generation: Generation) -> None:
+        self._generation = generation
+
+    def drain_requests(self) -> None:
+        generation = self._generation
+        assert generation.request is not None
+        request = generation.request.model_dump(by_alias=True)
+        for worker in generation.workers:
+            worker.state = "draining"
+        generation.fan_out("begin", request=request)
+        logger.info(
+            "supervisor.drain_begin generation=%d workers=%d nonce=%s",
+            generation.number,
+            len(generation.workers),
+            generation.request.nonce[:8],
+        )
+
+    def wait_for_requests(self) -> Coroutine[Any, Any, None]:
+        return self._generation.wait_drained()
+
+    def stop_jobs(self, timeout_ms: int) -> Coroutine[Any, Any, None]:
+        return _nothing()  # each worker's own drain waits for (or releases) its jobs
+
+    def work_counters(self) -> WorkCounters:
+        return self._generation.counters()
+
+    def sleep(self, ms: int) -> Coroutine[Any, Any, None]:
+        return asyncio.sleep(ms / 1000)
+
+    def resume(self) -> None:
+        generation = self._generation
+        assert generation.request is not None
+        for worker in generation.workers:
+            if not worker.exited.is_set():
+                worker.state = "ready"
+        generation.fan_out("rollback", nonce=generation.request.nonce)
+
+
+def _authorized(header: str, token: str | None) -> bool:
+    scheme, _, presented = header.partition(" ")
+    if token is None or scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(presented.encode(), token.encode())
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def _call_asgi(
+    app: ControlApp, forwarded: dict[str, Any]
+) -> tuple[int, list[tuple[str, str]], bytes]:
+    """Run one forwarded request through ``app`` in this process."""
+    body = forwarded["body"].encode("latin-1")
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": forwarded["method"],
+        "scheme": "http",
+        "path": forwarded["path"],
+        "raw_path": forwarded["path"].encode("latin-1"),
+        "root_path": "",
+        "query_string": forwarded["query"].encode("latin-1"),
+        "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in forwarded["headers"]],
+        "client": (forwarded["client"], 0),
+        "server": None,
+    }
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if delivered:
+            return {"type": "http.disconnect"}
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    start: dict[str, Any] = {}
+    chunks: list[bytes] = []
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            start.update(message)
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await app(scope, receive, send)
+    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in start.get("headers", [])]
+    return int(start.get("status", 500)), headers, b"".join(chunks)

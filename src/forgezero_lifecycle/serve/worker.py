@@ -1,0 +1,316 @@
+"""One worker process of a supervised generation (``serve --workers N``).
+
+Started by the supervisor as ``python -m forgezero_lifecycle.serve.worker`` with the listening
+sockets and one end of its private channel passed as file descriptors. It reads its configuration
+from the channel, imports the app (fresh code on every start), and serves it on the inherited
+sockets with :func:`~forgezero_lifecycle.serve.server.serve_app` (``shared_listener=True``: its
+stop never touches the kernel socket the supervisor holds).
+
+What the supervisor sees (events on the channel)::
+
+    booting ──▶ ready ──▶ draining ──▶ drained | failed | rolled-back
+
+Signals are the supervisor's to command: SIGINT (a terminal's Ctrl-C reaches the whole process
+group) and SIGTERM stay blocked, and the worker acts on the channel instead. It stops when told
+to, or when the supervisor is gone: end of file on the channel, or the parent-death signal
+(``PR_SET_PDEATHSIG`` on Linux). Stopping unblocks SIGTERM and raises it, so ``serve_app``'s own
+self-drain (which follows a drain already begun) runs the stop.
+
+The drain paths of the control plane (``drain/v1/begin|status|rollback`` and
+``schedules/v1/status``) are answered for the whole generation: :class:`GenerationControl`
+forwards them to the supervisor, which commands every worker's runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any, Final, final
+
+import uvicorn
+
+from .._errors import LifecycleError
+from ..asgi._body import discard_body
+from ..asgi._types import ASGIApp, Message, Receive, Scope, Send
+from ..asgi.control import MAX_CONTROL_BODY_BYTES
+from ..runtime import Runtime
+from ..wire import paths
+from .channel import Channel, ChannelClosed, read_frame_blocking
+from .command import load_app
+from .options import ServeOptions
+from .server import serve_app
+
+__all__ = ["FORWARDED_PATHS", "PARENT_DEATH_SIGNAL", "GenerationControl", "main"]
+
+logger = logging.getLogger("forgezero_lifecycle.serve.worker")
+
+#: Control paths answered by the supervisor for the whole generation.
+FORWARDED_PATHS: Final = frozenset(
+    {
+        paths.RUNTIME_DRAIN_BEGIN_PATH,
+        paths.RUNTIME_DRAIN_STATUS_PATH,
+        paths.RUNTIME_DRAIN_ROLLBACK_PATH,
+        paths.RUNTIME_SCHEDULES_STATUS_PATH,
+    }
+)
+#: The reload path exists only under a supervisor (``forgezero-lifecycle reload``).
+RELOAD_PATH: Final = "/.forgezero/runtime/supervisor/v1/reload"
+#: Sent to a worker by the kernel when the supervisor dies (``PR_SET_PDEATHSIG``).
+PARENT_DEATH_SIGNAL: Final = signal.SIGUSR1
+_PR_SET_PDEATHSIG: Final = 1
+_COMMANDED: Final = {signal.SIGINT, signal.SIGTERM}
+_UNAVAILABLE: Final = b'{"error":"RUNTIME_SUPERVISOR_UNAVAILABLE"}'
+#: How often the worker looks whether uvicorn has finished starting (it offers no event).
+_STARTUP_LOOK: Final = 0.02
+
+
+def _set_parent_death_signal(signum: int) -> None:
+    """Ask Linux to send ``signum`` when the parent dies; a no-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
+        logger.warning("worker.pdeathsig_unavailable errno=%d", ctypes.get_errno())
+
+
+@final
+class GenerationControl:
+    """Pure ASGI: the generation-wide control paths go to the supervisor, the rest to ``app``."""
+
+    def __init__(self, app: ASGIApp, /, *, agent: WorkerAgent) -> None:
+        self.app = app
+        self._agent = agent
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        root: str = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        if path.rstrip("/") not in FORWARDED_PATHS and path.rstrip("/") != RELOAD_PATH:
+            await self.app(scope, receive, send)
+            return
+        body = await _read_capped(receive)
+        client = scope.get("client") or ("", 0)
+        forwarded = {
+            "method": scope["method"],
+            "path": path,
+            "query": scope.get("query_string", b"").decode("latin-1"),
+            "headers": [[k.decode("latin-1"), v.decode("latin-1")] for k, v in scope["headers"]],
+            "client": client[0],
+            "body": body.decode("latin-1"),
+        }
+        try:
+            answer = await self._agent.channel.request("control", timeout=30.0, request=forwarded)
+        except (ChannelClosed, TimeoutError):
+            answer = {"status": 503, "headers": [], "body": _UNAVAILABLE.decode("latin-1")}
+        await discard_body(scope, receive)
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer["headers"]]
+        if not any(k == b"content-type" for k, _ in headers):
+            headers.append((b"content-type", b"application/json"))
+        await send({"type": "http.response.start", "status": answer["status"], "headers": headers})
+        await send({"type": "http.response.body", "body": answer["body"].encode("latin-1")})
+
+
+async def _read_capped(receive: Receive) -> bytes:
+    """The request body, but never more than one byte past the control plane's limit."""
+    body = bytearray()
+    while len(body) <= MAX_CONTROL_BODY_BYTES:
+        message: Message = await receive()
+        if message["type"] != "http.request":
+            break
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            break
+    return bytes(body[: MAX_CONTROL_BODY_BYTES + 1])
+
+
+@final
+class WorkerAgent:
+    """This worker's side of the channel: state events, and the supervisor's commands."""
+
+    def __init__(self, runtime: Runtime, *, index: int, generation: int) -> None:
+        self.runtime = runtime
+        self.index = index
+        self.generation = generation
+        self.channel: Channel = None  # type: ignore[assignment]  # set by attach_channel
+        self.server: uvicorn.Server | None = None
+        self._stopping = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def attach_server(self, server: uvicorn.Server) -> None:
+        self.server = server
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def notify_state(self, state: str, **extra: Any) -> None:
+        self.channel.notify({"event": "state", "state": state, "pid": os.getpid(), **extra})
+
+    async def watch_startup(self, serving: asyncio.Task[int]) -> None:
+        """Report ready once uvicorn serves the inherited sockets (startup and lifespan done)."""
+        while not serving.done():
+            if self.server is not None and self.server.started:
+                self.notify_state(
+                    "ready",
+                    inFlight=self.runtime.counters().model_dump(),
+                    stateAdapter=self.runtime.handoff is not None,
+                )
+                return
+            await asyncio.sleep(_STARTUP_LOOK)
+
+    def stop(self, reason: str, *, force: bool = False) -> None:
+        """Run ``serve_app``'s stop: unblock SIGTERM and raise it (twice when forced)."""
+        if self._stopping and not force:
+            return
+        self._stopping = True
+        logger.info("worker.stopping worker=%d reason=%s", self.index, reason)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        os.kill(os.getpid(), signal.SIGTERM)
+        if force:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    async def handle(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        op = message.get("op")
+        drain = self.runtime.drain
+        if op == "begin":
+            try:
+                accepted = drain.begin(message["request"])
+            except LifecycleError as error:
+                return {"error": error.code, "detail": error.detail}
+            if not accepted.duplicate:
+                self._spawn(self._report_drain(message["request"]["nonce"]))
+            return {"ok": True, "duplicate": accepted.duplicate}
+        if op == "rollback":
+            try:
+                drain.rollback(message["nonce"])
+            except LifecycleError as error:
+                return {"error": error.code}
+            return {"ok": True, "inFlight": self.runtime.counters().model_dump()}
+        if op == "status":
+            return {"inFlight": self.runtime.counters().model_dump()}
+        if op == "schedules":
+            return {"schedules": self.runtime._schedules_status()}
+        if op == "stop_accepting":
+            return self._stop_accepting()
+        if op == "stop":
+            self.stop("the supervisor stops this worker", force=bool(message.get("force")))
+            return {"ok": True}
+        return {"error": "RUNTIME_NOT_FOUND", "detail": f"unknown op {op!r}"}
+
+    async def _report_drain(self, nonce: str) -> None:
+        self.notify_state("draining")
+        state = await self.runtime.drain.wait()
+        status = self.runtime.drain.status(nonce)
+        self.notify_state(
+            state, failure=status.failure, inFlight=status.in_flight.model_dump(), nonce=nonce
+        )
+
+    def _stop_accepting(self) -> dict[str, Any]:
+        """A handover: stop accepting, ask every HTTP connection to close, readiness stays."""
+        server = self.server
+        if server is None:
+            return {"ok": False}
+        for listening in server.servers:
+            listening.close()  # this process's descriptor only: the kernel socket lives on
+        self.runtime.gate.begin_draining()  # every response from now on says Connection: close
+        closed = 0
+        for connection in list(server.server_state.connections):
+            if type(connection).__module__.startswith("uvicorn.protocols.http"):
+                connection.shutdown()  # idle: closed now; busy: closed after its response
+                closed += 1
+        logger.info("worker.stopped_accepting worker=%d connections=%d", self.index, closed)
+        return {"ok": True, "connections": closed}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The worker process (see the module docstring); returns its exit code."""
+    parser = argparse.ArgumentParser(prog="forgezero_lifecycle.serve.worker")
+    parser.add_argument("--channel-fd", type=int, required=True)
+    parser.add_argument("--listen-fd", type=int, action="append", default=[])
+    parser.add_argument("--supervisor-pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    signal.pthread_sigmask(signal.SIG_BLOCK, _COMMANDED)
+    _set_parent_death_signal(PARENT_DEATH_SIGNAL)
+    if os.getppid() != args.supervisor_pid:
+        return 1  # the supervisor died before the parent-death signal was armed
+    channel_sock = socket.socket(fileno=args.channel_fd)
+    try:
+        config = read_frame_blocking(channel_sock)
+    except (ChannelClosed, OSError):
+        return 1
+    fields = {f.name for f in dataclasses.fields(ServeOptions)}
+    options = ServeOptions(**{k: v for k, v in config["options"].items() if k in fields})
+    listeners = [socket.socket(fileno=fd) for fd in args.listen_fd]
+    return asyncio.run(_serve(config, options, listeners, channel_sock))
+
+
+async def _serve(
+    config: dict[str, Any],
+    options: ServeOptions,
+    listeners: list[socket.socket],
+    channel_sock: socket.socket,
+) -> int:
+    index, generation = int(config["index"]), int(config["generation"])
+    agent_box: list[WorkerAgent] = []
+
+    async def handle(message: dict[str, Any]) -> dict[str, Any] | None:
+        if not agent_box:
+            return {"error": "RUNTIME_WORKER_BOOTING"}
+        return await agent_box[0].handle(message)
+
+    channel = await Channel.open(channel_sock, handle)
+    channel.notify({"event": "state", "state": "booting", "pid": os.getpid()})
+    try:
+        app, runtime, source = load_app(config["app"], options)
+    except LifecycleError as error:
+        channel.notify({"event": "state", "state": "failed", "detail": str(error)})
+        logger.error("worker.start_failed worker=%d: %s", index, error)
+        await asyncio.sleep(0.05)  # let the event leave before the process does
+        return 2
+    agent = WorkerAgent(runtime, index=index, generation=generation)
+    agent.channel = channel
+    agent_box.append(agent)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(PARENT_DEATH_SIGNAL, agent.stop, "the supervisor is gone")
+    serving = asyncio.create_task(
+        serve_app(
+            GenerationControl(app, agent=agent),
+            runtime,
+            options,
+            sockets=listeners,
+            shared_listener=True,
+            runtime_source=source,
+            on_server=agent.attach_server,
+        )
+    )
+    startup = asyncio.create_task(agent.watch_startup(serving))
+    orphaned = asyncio.create_task(channel.closed.wait())
+    orphaned.add_done_callback(
+        lambda done: None if done.cancelled() else agent.stop("the supervisor is gone (EOF)")
+    )
+    try:
+        return await serving
+    finally:
+        startup.cancel()
+        orphaned.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await orphaned
+        await channel.aclose()
+
+
+if __name__ == "__main__":  # pragma: no cover - run by the supervisor
+    raise SystemExit(main())

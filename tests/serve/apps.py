@@ -1,0 +1,102 @@
+"""The app ``serve --workers`` tests run: every worker keeps its own records, one file per PID.
+
+Configured from the environment the tests set (the library reads none)::
+
+    FORGEZERO_CONTROL_TOKEN / FORGEZERO_REVISION    the runtime's token and revision
+    FZW_RECORDS     directory; each worker appends to ``<pid>.log`` (one unbuffered write a line)
+    FZW_MODE_FILE   read at import: ``crash`` raises on import, ``hang`` never finishes startup
+
+Records: ``started``, ``draining``, ``settled <state>`` (drained, failed, rolled-back),
+``resumed`` (after a rollback) and
+``admitted <path>`` for every counted request, each followed by the monotonic time.
+``/_w/`` is exempt from the gate (the tests' view of one worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from forgezero_lifecycle.asgi._types import Scope
+from forgezero_lifecycle.runtime import Runtime
+
+_MODE_FILE = os.environ.get("FZW_MODE_FILE")
+MODE = Path(_MODE_FILE).read_text().strip() if _MODE_FILE and Path(_MODE_FILE).exists() else "ok"
+if MODE == "crash":
+    raise RuntimeError("this generation crashes on import (FZW_MODE_FILE says so)")
+
+_RECORDS = os.open(
+    os.path.join(os.environ.get("FZW_RECORDS", "/tmp"), f"{os.getpid()}.log"),
+    os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+    0o644,
+)
+
+
+def record(*fields: object) -> None:
+    os.write(_RECORDS, (" ".join(map(str, (*fields, time.monotonic()))) + "\n").encode())
+
+
+def _exempt(scope: Scope) -> bool:
+    path: str = scope["path"]
+    return path.startswith("/_w/")
+
+
+runtime = Runtime(
+    control_token=os.environ["FORGEZERO_CONTROL_TOKEN"],
+    revision=os.environ.get("FORGEZERO_REVISION"),
+    exempt=_exempt,
+)
+
+
+async def _follow_drains() -> None:
+    while True:
+        await runtime.draining.wait()
+        record("draining")
+        state = await runtime.drain.wait()
+        record("settled", state)
+        while runtime.draining.is_set():  # noqa: ASYNC110 - until a rollback clears it
+            await asyncio.sleep(0.01)
+        record("resumed")
+
+
+@asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    if MODE == "hang":
+        await asyncio.Event().wait()
+    follower = asyncio.create_task(_follow_drains())
+    record("started")
+    try:
+        yield
+    finally:
+        follower.cancel()
+
+
+async def pid(request: Request) -> Response:
+    record("admitted", "/pid")
+    return JSONResponse({"pid": os.getpid(), "revision": runtime.revision})
+
+
+async def slow(request: Request) -> Response:
+    record("admitted", "/slow")
+    await asyncio.sleep(float(request.query_params.get("seconds", "1")))
+    return JSONResponse({"pid": os.getpid()})
+
+
+async def me(request: Request) -> Response:
+    return JSONResponse({"pid": os.getpid(), **runtime.counters().model_dump()})
+
+
+app = Starlette(
+    routes=[Route("/pid", pid), Route("/slow", slow), Route("/_w/me", me)],
+    lifespan=lifespan,
+)
+runtime.install(app)

@@ -1,0 +1,173 @@
+"""One drain for the generation: begun through any worker's port, it reaches every worker.
+
+The drain is driven through the public port exactly as an orchestrator would (the wire protocol
+is unchanged); each worker's own records (one file per PID) say what it did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import threading
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import AUTH, StartSupervised, Supervised
+
+pytestmark = pytest.mark.server
+
+REVISION = hashlib.sha1(b"serve workers tests").hexdigest()
+BEGIN = "/.forgezero/runtime/drain/v1/begin"
+STATUS = "/.forgezero/runtime/drain/v1/status"
+ROLLBACK = "/.forgezero/runtime/drain/v1/rollback"
+READY = "/.forgezero/runtime/ready"
+
+
+def _request(timeout_ms: int = 10_000) -> dict[str, Any]:
+    return {
+        "protocol": "forgezero-drain/v1",
+        "nonce": secrets.token_urlsafe(32),
+        "sourceRevision": REVISION,
+        "targetRevision": REVISION,
+        "timeoutMs": timeout_ms,
+    }
+
+
+def _status(served: Supervised, nonce: str) -> dict[str, Any]:
+    response = served.get(STATUS, params={"nonce": nonce}, headers=AUTH)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def _hold(served: Supervised, count: int, seconds: float) -> list[Any]:
+    """``count`` slow requests in flight (each on its own connection), admitted when this returns."""
+    outcomes: list[Any] = []
+
+    def call() -> None:
+        try:
+            outcomes.append(served.get(f"/slow?seconds={seconds}").json())
+        except (httpx.HTTPError, ValueError) as error:
+            outcomes.append(error)
+
+    for _ in range(count):
+        threading.Thread(target=call, daemon=True).start()
+    served.wait_for(
+        lambda: (
+            sum(
+                line == "admitted /slow"
+                for lines in served.worker_records().values()
+                for line in lines
+            )
+            >= count
+        ),
+        f"{count} admitted",
+    )
+    return outcomes
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_drain_through_the_port_reaches_every_worker(
+    start_supervised: StartSupervised, workers: int
+) -> None:
+    """Every worker drains, readiness is 503 on 20 of 20 polls, counters are the sums."""
+    served = start_supervised("--revision", REVISION, workers=workers)
+    pids = set(served.workers())
+    assert served.pids_answering(workers) == pids
+    held = _hold(served, 3, 5.0)
+    request = _request()
+    begun = served.post(BEGIN, request)
+    assert begun.status_code == 202, begun.text
+    assert begun.json() == {"accepted": True, "duplicate": False}
+    assert [served.get(READY).status_code for _ in range(20)] == [503] * 20
+    status = _status(served, request["nonce"])
+    assert status["status"] == "draining"
+    assert status["inFlight"]["http"] == 3
+    per_worker = status["detail"]["workers"]
+    assert {w["pid"] for w in per_worker} == pids
+    assert sum(w["inFlight"]["http"] for w in per_worker) == 3
+    refused = served.get("/pid")
+    assert refused.status_code == 503
+    assert refused.json() == {"error": "RUNTIME_DRAINING"}
+    final = served.wait_for(
+        lambda: (s := _status(served, request["nonce"]))["status"] != "draining" and s, "settled"
+    )
+    assert final["status"] == "drained", final
+    assert final["inFlight"] == {"http": 0, "websocket": 0, "jobs": 0, "schedules": 0}
+    assert all(isinstance(o, dict) and o["pid"] in pids for o in held), held
+    records = served.worker_records()
+    assert set(records) == pids
+    for pid in pids:
+        assert "draining" in records[pid], (pid, records[pid])
+        assert "settled drained" in records[pid], (pid, records[pid])
+
+
+def test_an_exact_retry_is_a_duplicate_and_another_nonce_conflicts(
+    start_supervised: StartSupervised,
+) -> None:
+    """The generation validates once, with the single-process codes."""
+    served = start_supervised("--revision", REVISION, workers=2)
+    request = _request()
+    assert served.post(BEGIN, request).status_code == 202
+    again = served.post(BEGIN, request)
+    assert again.status_code == 202
+    assert again.json()["duplicate"] is True
+    other = served.post(BEGIN, _request())
+    assert other.status_code == 409
+    assert other.json()["error"] == "RUNTIME_DRAIN_ALREADY_STARTED"
+    wrong = served.post(BEGIN, {**_request(), "sourceRevision": "b" * 40})
+    assert wrong.status_code == 409
+    assert wrong.json()["error"] == "RUNTIME_DRAIN_REVISION_MISMATCH"
+    unauthenticated = httpx.post(served.url + BEGIN, json=_request(), trust_env=False)
+    assert unauthenticated.status_code == 401
+    assert served.get(STATUS, params={"nonce": "x" * 43}, headers=AUTH).status_code == 404
+
+
+def test_rollback_restores_every_worker(start_supervised: StartSupervised) -> None:
+    """After rollback every worker is ready and serving again, and says so in its records."""
+    served = start_supervised("--revision", REVISION, workers=2)
+    pids = set(served.workers())
+    request = _request()
+    assert served.post(BEGIN, request).status_code == 202
+    rolled = served.post(ROLLBACK, {"nonce": request["nonce"]})
+    assert rolled.status_code == 200, rolled.text
+    assert rolled.json()["status"] == "rolled-back"
+    assert [served.get(READY).status_code for _ in range(20)] == [200] * 20
+    assert served.pids_answering(2) == pids
+    records = served.worker_records()
+    for pid in pids:
+        assert "resumed" in records[pid], (
+            pid,
+            records[pid],
+        )
+    again = _request()
+    assert served.post(BEGIN, again).status_code == 202
+
+
+def test_one_failed_worker_fails_the_drain_and_is_named(start_supervised: StartSupervised) -> None:
+    """A worker whose request outlives the deadline fails, and the generation with it."""
+    served = start_supervised("--revision", REVISION, workers=2)
+    held = _hold(served, 1, 3.0)
+    request = _request(timeout_ms=500)
+    assert served.post(BEGIN, request).status_code == 202
+    final = served.wait_for(
+        lambda: (s := _status(served, request["nonce"]))["status"] != "draining" and s, "settled"
+    )
+    assert final["status"] == "failed", final
+    served.wait_for(lambda: held, "the held request answered")
+    holder = held[0]["pid"]
+    failed = [w for w in final["detail"]["workers"] if w["status"] == "failed"]
+    assert holder in [w["pid"] for w in failed], final["detail"]
+    records = served.worker_records()
+    assert "settled failed" in records[holder]
+
+
+def test_schedules_status_covers_every_worker(start_supervised: StartSupervised) -> None:
+    """``schedules/v1/status`` is answered for the generation (every worker asked)."""
+    served = start_supervised(workers=2)
+    response = served.get("/.forgezero/runtime/schedules/v1/status", headers=AUTH)
+    assert response.status_code == 200
+    assert response.json() == {"schedules": []}
+    assert served.get("/.forgezero/runtime/schedules/v1/status").status_code == 401

@@ -1,0 +1,129 @@
+"""``serve --workers N`` as real processes: one held socket, N workers, stop, replace, orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import StartSupervised, alive, children
+
+pytestmark = pytest.mark.server
+
+
+def test_workers_share_the_port_and_sigterm_drains_then_exits_0(
+    start_supervised: StartSupervised,
+) -> None:
+    """N distinct worker PIDs answer on one port; SIGTERM drains every one of them; exit 0."""
+    served = start_supervised(workers=2)
+    pids = set(served.workers())
+    assert served.pids_answering(2) == pids
+    served.signal(signal.SIGTERM)
+    assert served.wait_exit() == 0
+    records = served.worker_records()
+    assert set(records) == pids
+    for pid in pids:
+        assert "settled drained" in records[pid], records[pid]
+    assert "supervisor.stopped drain=drained" in served.log()
+    assert [pid for pid in pids if alive(pid)] == []
+
+
+def test_in_flight_work_finishes_and_the_second_signal_forces_the_stop(
+    start_supervised: StartSupervised,
+) -> None:
+    """A long request holds the drain; a second signal stops at once with exit code 1."""
+    served = start_supervised("--drain-timeout", "30s", workers=2)
+    outcome: list[object] = []
+    thread = threading.Thread(
+        target=lambda: outcome.append(_try(lambda: served.get("/slow?seconds=30"))), daemon=True
+    )
+    thread.start()
+    served.wait_for(
+        lambda: any("admitted /slow" in r for r in served.worker_records().values()), "admitted"
+    )
+    served.signal(signal.SIGTERM)
+    served.wait_for(lambda: served.get("/.forgezero/runtime/ready").status_code == 503, "not ready")
+    served.signal(signal.SIGINT)
+    assert served.wait_exit(15.0) == 1
+    assert "supervisor.forced signal=SIGINT" in served.log()
+    thread.join(15.0)
+
+
+def test_a_worker_that_dies_is_replaced(start_supervised: StartSupervised) -> None:
+    """SIGKILL of one worker: logged with the reason, a fresh process takes its place."""
+    served = start_supervised(workers=2)
+    first = served.workers()
+    victim = first[0]
+    os.kill(victim, signal.SIGKILL)
+    served.wait_log(f"pid {victim}) of generation 1 reason=killed by SIGKILL")
+    served.wait_log("supervisor.worker_replaced")
+    now = served.wait_for(lambda: len(w := served.workers()) == 2 and victim not in w and w, "two")
+    assert first[1] in now
+    assert served.pids_answering(2) == set(now)
+
+
+def test_a_worker_that_never_becomes_ready_fails_the_start(
+    start_supervised: StartSupervised, tmp_path: Path
+) -> None:
+    """Startup that hangs: the supervisor says which worker and why, and exits 1."""
+    mode = tmp_path / "mode"
+    mode.write_text("hang")
+    served = start_supervised(
+        "--start-timeout", "2s", workers=2, env={"FZW_MODE_FILE": str(mode)}, wait=False
+    )
+    assert served.wait_exit() == 1
+    log = served.log()
+    assert "supervisor.start_failed" in log
+    assert "was not ready within 2 s" in log
+
+
+def test_an_app_that_crashes_on_import_fails_the_start(
+    start_supervised: StartSupervised, tmp_path: Path
+) -> None:
+    """Import error: the worker's own reason is in the supervisor's message; exit 1."""
+    mode = tmp_path / "mode"
+    mode.write_text("crash")
+    served = start_supervised(workers=2, env={"FZW_MODE_FILE": str(mode)}, wait=False)
+    assert served.wait_exit() == 1
+    log = served.log()
+    assert "before it was ready" in log
+    assert "crashes on import" in log
+
+
+def test_workers_stop_when_the_supervisor_is_killed(start_supervised: StartSupervised) -> None:
+    """SIGKILL of the supervisor: every worker notices and exits on its own."""
+    served = start_supervised(workers=2)
+    pids = served.workers()
+    served.process.kill()
+    served.process.wait(10)
+    deadline = time.monotonic() + 20
+    while any(alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"workers {pids} outlived the supervisor"
+        time.sleep(0.05)
+    assert children(served.process.pid) == []
+
+
+def test_sigint_from_the_terminal_does_not_reach_the_workers_own_handling(
+    start_supervised: StartSupervised,
+) -> None:
+    """A worker sent SIGINT directly keeps serving: its signals are the supervisor's to command."""
+    served = start_supervised(workers=2)
+    pids = served.workers()
+    for pid in pids:
+            os.kill(pid, signal.SIGINT)
+    time.sleep(0.5)  # give a wrongly handled signal the time to show
+    assert served.workers() == pids
+    assert served.get("/.forgezero/runtime/ready").status_code == 200
+    assert served.pids_answering(2) == set(pids)
+
+
+def _try(call: object) -> object:
+    try:
+        return call()  # type: ignore[operator]
+    except httpx.HTTPError as error:
+        return error
