@@ -172,6 +172,13 @@ def export_url(given: str, source_revision: str, target_revision: str) -> str:
     return urlunsplit((url.scheme, url.netloc, path, query, url.fragment))
 
 
+async def _reload(args: argparse.Namespace) -> int:
+    async with _client(args, args.url) as client:
+        await client.reload()
+    print(f"handover to a new generation begun at {args.url}")
+    return EXIT_OK
+
+
 async def _ready(args: argparse.Namespace) -> int:
     async with ControlClient(args.url, retries=args.retries) as client:
         ready = await client.ready()
@@ -260,6 +267,7 @@ _COMMANDS: Final = {
     "rollback": _rollback,
     "handoff": _handoff,
     "ready": _ready,
+    "reload": _reload,
 }
 
 
@@ -371,6 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"give up waiting after this (default deadline + {WAIT_MARGIN:g}s)",
         )
         waiting.add_argument("--json", action="store_true", help="print the final status as JSON")
+    reload = command("reload", "serve --workers: hand over to a new generation (as SIGHUP)")
+    reload.add_argument("--url", required=True)
     ready = command("ready", "probe readiness (exit 0 ready, 1 draining)")
     ready.add_argument("--url", required=True)
 

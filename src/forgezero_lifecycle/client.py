@@ -200,6 +200,16 @@ class ControlClient:
         body = {"nonce": nonce}
         return await self._call(DrainStatus, "POST", paths.RUNTIME_DRAIN_ROLLBACK_PATH, json=body)
 
+    # Supervisor.
+
+    async def reload(self) -> None:
+        """Ask a ``serve --workers`` supervisor to hand over to a new generation (as SIGHUP).
+
+        Returns once the handover has begun; a handover or stop already running answers
+        ``RUNTIME_RELOAD_BUSY`` (raised as a remote error).
+        """
+        await self._send("POST", paths.RUNTIME_SUPERVISOR_RELOAD_PATH, json={}, auth="control")
+
     # State handoff.
 
     async def export_state(self, source_revision: str, target_revision: str) -> StateEnvelope:

@@ -11,6 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.cli._run import run
+from tests.cli.conftest import CONTROL_TOKEN
+
 from .conftest import StartSupervised, alive, children
 
 pytestmark = pytest.mark.server
@@ -115,7 +118,7 @@ def test_sigint_from_the_terminal_does_not_reach_the_workers_own_handling(
     served = start_supervised(workers=2)
     pids = served.workers()
     for pid in pids:
-            os.kill(pid, signal.SIGINT)
+        os.kill(pid, signal.SIGINT)
     time.sleep(0.5)  # give a wrongly handled signal the time to show
     assert served.workers() == pids
     assert served.get("/.forgezero/runtime/ready").status_code == 200
@@ -127,3 +130,24 @@ def _try(call: object) -> object:
         return call()  # type: ignore[operator]
     except httpx.HTTPError as error:
         return error
+
+
+def test_reload_through_the_control_plane_hands_over_to_fresh_workers(
+    start_supervised: StartSupervised,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``forgezero-lifecycle reload`` (control token) starts a new generation on the same port."""
+    monkeypatch.setenv("FORGEZERO_CONTROL_TOKEN", CONTROL_TOKEN)
+    served = start_supervised(workers=2)
+    before = set(served.workers())
+    refused = httpx.post(
+        served.url + "/.forgezero/runtime/supervisor/v1/reload", json={}, trust_env=False
+    )
+    assert refused.status_code == 401
+    assert run(capsys, "reload", "--url", served.url).code == 0
+    served.wait_log("supervisor.handover_done from=1 to=2")
+    after = set(served.workers())
+    assert len(after) == 2
+    assert after.isdisjoint(before)
+    assert served.pids_answering(2) == after

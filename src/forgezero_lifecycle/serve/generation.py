@@ -78,7 +78,8 @@ class WorkerProcess:
         self.ready = asyncio.Event()
         self.exited = asyncio.Event()
         self.exit_reason: str | None = None
-        self.has_state_adapter = False
+        self.state_kind: dict[str, Any] | None = None
+        self.private_port = 0
         self._waiter: asyncio.Task[None] | None = None
 
     @property
@@ -137,7 +138,8 @@ class WorkerProcess:
         if message.get("detail"):
             self.detail = message["detail"]
         if self.state == "ready":
-            self.has_state_adapter = bool(message.get("stateAdapter"))
+            self.state_kind = message.get("stateKind")
+            self.private_port = int(message.get("privatePort", 0))
             self.ready.set()
         self.generation.changed()
 

@@ -26,8 +26,13 @@
 A worker notices when the supervisor is gone (end of file on its channel, parent-death signal)
 and stops, so nothing is left running even after SIGKILL of the supervisor.
 
-State handover between generations (worker k of g to worker k of g+1) is not built: an app with
-a state adapter is refused a handover (logged), so its state is never silently dropped.
+State (when the app has a state adapter): worker k of g hands its state to worker k of g+1, once
+g is drained (so the export is final), through the state export protocol over a private loopback
+listener each worker has of its own, with the handoff token. Generations have the same number of
+workers; a handover whose new workers have no adapter, another protocol or schema version, or
+that has no handoff token is refused before g is touched (logged; g keeps serving). The new
+generation serves while the state is on its way: an adapter's import must merge with what the
+new worker did meanwhile (a counter adds).
 """
 
 from __future__ import annotations
@@ -35,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib
 import logging
 import logging.config
 import secrets
@@ -46,15 +50,18 @@ import time
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar, final
+from urllib.parse import urlencode
 
 from .._errors import ConfigurationError
 from ..core.self_drain import UNKNOWN_REVISION
+from ..wire import paths
 from ..wire._types import is_revision
 from ..wire.drain import DRAIN_PROTOCOL, MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainState
 from .generation import Generation, StartFailed, WorkerProcess
 from .listeners import Listener, held_listeners
 from .options import ServeOptions
 from .server import SHUTDOWN_MARGIN, _log_config
+from .sockets import accept_queue_length, refuse_new_connections
 
 __all__ = ["Supervisor", "run_supervisor"]
 
@@ -236,13 +243,15 @@ class Supervisor:
 
     async def _empty_the_queue(self) -> None:
         """New connections are refused at the socket; the workers accept what is queued."""
-        tools = _socket_tools()
-        if tools is None:
+        socks = [listener.sock for listener in self._listeners]
+        if not all([refuse_new_connections(sock) for sock in socks]):
+            logger.warning(
+                "supervisor.no_syn_filter: this platform cannot refuse new handshakes on a "
+                "listener; connections still queued when it closes are reset"
+            )
             return
-        for listener in self._listeners:
-            tools.refuse_new_connections(listener.sock)
         deadline = time.monotonic() + QUEUE_EMPTY_BOUND
-        while any(tools.accept_queue_length(listener.sock) for listener in self._listeners):
+        while any(accept_queue_length(sock) for sock in socks):
             if time.monotonic() > deadline:
                 logger.warning("supervisor.queue_not_empty after %.1f s", QUEUE_EMPTY_BOUND)
                 return
@@ -297,13 +306,6 @@ class Supervisor:
         except ConfigurationError as error:
             logger.error("supervisor.handover_aborted: %s; %r keeps serving", error.detail, old)
             return False
-        if any(w.has_state_adapter for w in old.workers):
-            logger.error(
-                "supervisor.handover_refused: the app has a state adapter and a handover "
-                "between worker processes cannot carry its state yet; %r keeps serving",
-                old,
-            )
-            return False
         new = self._new_generation(revision)
         logger.info(
             "supervisor.handover_begin from=%d to=%d revision=%s", old.number, new.number, revision
@@ -311,14 +313,21 @@ class Supervisor:
         try:
             await new.start()
         except StartFailed as error:
-            logger.error("supervisor.handover_aborted: %s; %r keeps serving", error, old)
             await new.stop(UNREADY_STOP_BOUND)
+            logger.error("supervisor.handover_aborted: %s; %r keeps serving", error, old)
+            return False
+        refusal = self._state_refusal(old, new)
+        if refusal is not None:
+            logger.error("supervisor.handover_refused: %s; %r keeps serving", refusal, old)
+            await new.stop(self._stop_bound)
             return False
         self.current = new
         logger.info("supervisor.new_generation_ready generation=%d pids=%s", new.number, new.pids)
         await asyncio.gather(*(worker.command("stop_accepting") for worker in old.workers))
         await asyncio.sleep(self._options.handover_grace)
         state = await drain(old, self._options.drain_timeout, target=revision)
+        if old.workers[0].state_kind is not None:
+            await self._hand_state_over(old, new)
         await old.stop(self._stop_bound)
         logger.info(
             "supervisor.handover_done from=%d to=%d old_drain=%s seconds=%.2f",
@@ -328,6 +337,60 @@ class Supervisor:
             time.monotonic() - began,
         )
         return True
+
+    def _state_refusal(self, old: Generation, new: Generation) -> str | None:
+        """Why the state of ``old`` cannot be handed to ``new`` worker by worker (None: it can)."""
+        kinds = [worker.state_kind for worker in old.workers]
+        if all(kind is None for kind in kinds):
+            return None
+        if self._options.handoff_token is None:
+            return (
+                "the app has a state adapter and no handoff token is set (FORGEZERO_HANDOFF_TOKEN)"
+            )
+        for before, after in zip(old.workers, new.workers, strict=True):
+            if before.state_kind != after.state_kind:
+                return (
+                    f"worker {before.index}'s state {before.state_kind} cannot be imported by "
+                    f"the new worker {after.index} ({after.state_kind})"
+                )
+        return None
+
+    async def _hand_state_over(self, old: Generation, new: Generation) -> None:
+        """Worker k of ``old`` hands its state to worker k of ``new`` (the state export)."""
+        source = old.revision or UNKNOWN_REVISION
+        target = new.revision or UNKNOWN_REVISION
+        timeout_ms = min(MAX_DRAIN_TIMEOUT_MS, max(1000, round(self._options.drain_timeout * 1000)))
+
+        async def one(before: WorkerProcess, after: WorkerProcess) -> None:
+            assert before.state_kind is not None
+            query = urlencode({"sourceRevision": source, "targetRevision": target})
+            request = {
+                "protocol": before.state_kind["protocol"],
+                "nonce": secrets.token_urlsafe(32),
+                "schemaVersion": before.state_kind["schemaVersion"],
+                "sourceRevision": source,
+                "targetRevision": target,
+                "source": {
+                    "url": f"http://127.0.0.1:{before.private_port}{paths.RUNTIME_STATE_EXPORT_PATH}?{query}",
+                    "authorization": f"Bearer {self._options.handoff_token}",
+                },
+            }
+            answer = await after.command("import", request=request, timeoutMs=timeout_ms)
+            status = answer.get("status", {})
+            if status.get("status") == "acknowledged":
+                logger.info(
+                    "supervisor.state_handed_over worker=%d cursor=%s",
+                    after.index,
+                    status.get("cursor"),
+                )
+            else:
+                logger.error(
+                    "supervisor.state_handoff_failed worker=%d failure=%s",
+                    after.index,
+                    status.get("failure") or answer.get("error"),
+                )
+
+        await asyncio.gather(*(one(b, a) for b, a in zip(old.workers, new.workers, strict=True)))
 
 
 async def drain(generation: Generation, timeout: float, *, target: str | None = None) -> DrainState:
@@ -347,11 +410,3 @@ async def drain(generation: Generation, timeout: float, *, target: str | None = 
     else:
         logger.info("supervisor.following_drain generation=%d", generation.number)
     return await generation.controller.wait()
-
-
-def _socket_tools() -> Any:
-    """``refuse_new_connections`` and ``accept_queue_length`` from :mod:`.sockets`."""
-    try:
-        return importlib.import_module(f"{__package__}.sockets")
-    except ImportError:
-        return None

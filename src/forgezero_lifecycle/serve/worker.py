@@ -63,7 +63,7 @@ FORWARDED_PATHS: Final = frozenset(
     }
 )
 #: The reload path exists only under a supervisor (``forgezero-lifecycle reload``).
-RELOAD_PATH: Final = "/.forgezero/runtime/supervisor/v1/reload"
+RELOAD_PATH: Final = paths.RUNTIME_SUPERVISOR_RELOAD_PATH
 #: Sent to a worker by the kernel when the supervisor dies (``PR_SET_PDEATHSIG``).
 PARENT_DEATH_SIGNAL: Final = signal.SIGUSR1
 _PR_SET_PDEATHSIG: Final = 1
@@ -140,8 +140,11 @@ async def _read_capped(receive: Receive) -> bytes:
 class WorkerAgent:
     """This worker's side of the channel: state events, and the supervisor's commands."""
 
-    def __init__(self, runtime: Runtime, *, index: int, generation: int) -> None:
+    def __init__(
+        self, runtime: Runtime, *, index: int, generation: int, private: socket.socket
+    ) -> None:
         self.runtime = runtime
+        self.private = private
         self.index = index
         self.generation = generation
         self.channel: Channel = None  # type: ignore[assignment]  # set by attach_channel
@@ -167,7 +170,8 @@ class WorkerAgent:
                 self.notify_state(
                     "ready",
                     inFlight=self.runtime.counters().model_dump(),
-                    stateAdapter=self.runtime.handoff is not None,
+                    privatePort=self.private.getsockname()[1],
+                    stateKind=_state_kind(self.runtime),
                 )
                 return
             await asyncio.sleep(_STARTUP_LOOK)
@@ -204,6 +208,8 @@ class WorkerAgent:
             return {"inFlight": self.runtime.counters().model_dump()}
         if op == "schedules":
             return {"schedules": self.runtime._schedules_status()}
+        if op == "import":
+            return await self._import(message["request"], message["timeoutMs"])
         if op == "stop_accepting":
             return self._stop_accepting()
         if op == "stop":
@@ -219,13 +225,27 @@ class WorkerAgent:
             state, failure=status.failure, inFlight=status.in_flight.model_dump(), nonce=nonce
         )
 
+    async def _import(self, request: dict[str, Any], timeout_ms: int) -> dict[str, Any]:
+        """Take the state of the old generation's worker with the same index (over loopback)."""
+        handoff = self.runtime.handoff
+        if handoff is None:
+            return {"error": "RUNTIME_STATE_NOT_FOUND"}
+        try:
+            handoff.begin(request, timeout_ms)
+            status = await handoff.wait(request["nonce"])
+        except LifecycleError as error:
+            return {"error": error.code}
+        return {"status": status.model_dump(mode="json", exclude_none=True)}
+
     def _stop_accepting(self) -> dict[str, Any]:
         """A handover: stop accepting, ask every HTTP connection to close, readiness stays."""
         server = self.server
         if server is None:
             return {"ok": False}
+        private = self.private.getsockname()
         for listening in server.servers:
-            listening.close()  # this process's descriptor only: the kernel socket lives on
+            if all(sock.getsockname() != private for sock in listening.sockets):
+                listening.close()  # this process's descriptor only: the kernel socket lives on
         self.runtime.gate.begin_draining()  # every response from now on says Connection: close
         closed = 0
         for connection in list(server.server_state.connections):
@@ -234,6 +254,14 @@ class WorkerAgent:
                 closed += 1
         logger.info("worker.stopped_accepting worker=%d connections=%d", self.index, closed)
         return {"ok": True, "connections": closed}
+
+
+def _state_kind(runtime: Runtime) -> dict[str, Any] | None:
+    """The protocol and schema version of the app's state adapter (None without one)."""
+    if runtime.handoff is None:
+        return None
+    codec = runtime.handoff._codec
+    return {"protocol": codec.protocol, "schemaVersion": codec.schema_version}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -281,7 +309,10 @@ async def _serve(
         logger.error("worker.start_failed worker=%d: %s", index, error)
         await asyncio.sleep(0.05)  # let the event leave before the process does
         return 2
-    agent = WorkerAgent(runtime, index=index, generation=generation)
+    # A private loopback listener of this worker alone: the next generation's worker with the
+    # same index fetches this one's state export from it during a handover.
+    private = socket.create_server(("127.0.0.1", 0))
+    agent = WorkerAgent(runtime, index=index, generation=generation, private=private)
     agent.channel = channel
     agent_box.append(agent)
     loop = asyncio.get_running_loop()
@@ -291,7 +322,7 @@ async def _serve(
             GenerationControl(app, agent=agent),
             runtime,
             options,
-            sockets=listeners,
+            sockets=[*listeners, private],
             shared_listener=True,
             runtime_source=source,
             on_server=agent.attach_server,

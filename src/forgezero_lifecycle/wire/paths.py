@@ -20,6 +20,7 @@ __all__ = [
     "RUNTIME_STATE_BEGIN_PATH",
     "RUNTIME_STATE_EXPORT_PATH",
     "RUNTIME_STATE_STATUS_PATH",
+    "RUNTIME_SUPERVISOR_RELOAD_PATH",
 ]
 
 #: Every control path starts here; the middleware neither counts nor refuses these.
@@ -40,3 +41,5 @@ RUNTIME_LIVE_PATH: Final = "/.forgezero/runtime/live"
 RUNTIME_OPENAPI_PATH: Final = "/.forgezero/runtime/openapi.json"
 #: The port's addition, served only when enabled (``Runtime(metrics=registry)``).
 RUNTIME_METRICS_PATH: Final = "/.forgezero/runtime/metrics"
+#: Only under ``forgezero-lifecycle serve --workers``: begin a handover to a new generation.
+RUNTIME_SUPERVISOR_RELOAD_PATH: Final = "/.forgezero/runtime/supervisor/v1/reload"

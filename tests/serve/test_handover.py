@@ -1,0 +1,295 @@
+"""Same-port handover on SIGHUP under load: keep-alive clients pinned to one port lose nothing.
+
+The load (``tests/reliability/_load.py``: fast, slow, streaming and POST requests on keep-alive
+connections, plus WebSocket sessions that echo and reconnect on 1012) goes to one URL: the
+router's primary and standby are the same port. Every worker records each request it starts and
+finishes (one file per PID), and every request is judged against those records
+(``tests/reliability/_verify.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any, Final
+
+import anyio
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from tests.reliability._constants import HANDOFF_TOKEN
+from tests.reliability._load import HttpLoad, Router, Target
+from tests.reliability._records import ServerRecords
+from tests.reliability._soak import report, scale
+from tests.reliability._verify import judge
+
+from .conftest import StartSupervised, Supervised, alive
+
+pytestmark = [pytest.mark.server, pytest.mark.anyio]
+
+LABEL: Final = "port"
+CLIENTS: Final = 30
+SESSIONS: Final = 8
+LOAD_SECONDS: Final = scale(2.0, 5.0)
+#: Runs of the two-handover scenario (``make soak``: more).
+RUNS: Final = scale(3, 20)
+_GENERATION = re.compile(
+    r"supervisor\.(?:serving|new_generation_ready) generation=(\d+) pids=\[([\d, ]+)\]"
+)
+_HANDED = re.compile(r"supervisor\.state_handed_over worker=\d+ cursor=served-(\d+)")
+_DONE = re.compile(r"supervisor\.handover_done from=(\d+) to=(\d+) old_drain=(\S+) seconds=(\S+)")
+
+
+def revision(number: int) -> str:
+    return hashlib.sha1(f"handover generation {number}".encode()).hexdigest()
+
+
+class Sessions:
+    """WebSocket sessions on the port that echo, and reconnect when closed with 1012."""
+
+    def __init__(self, url: str, count: int) -> None:
+        self.url = "ws" + url.removeprefix("http") + "/ws"
+        self.count = count
+        self.opened = 0
+        self.closes: Counter[int] = Counter()
+        self.refused = 0
+        self.problems: list[str] = []
+        self.stopping = anyio.Event()
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as group:
+            for number in range(self.count):
+                group.start_soon(self._session, number)
+
+    async def _session(self, number: int) -> None:
+        while not self.stopping.is_set():
+            try:
+                async with connect(self.url, proxy=None, open_timeout=10, close_timeout=5) as ws:
+                    if await ws.recv() != f"hello {LABEL}":
+                        self.problems.append(f"session {number}: bad greeting")
+                    self.opened += 1
+                    sent = 0
+                    while not self.stopping.is_set():
+                        sent += 1
+                        await ws.send(f"{number}:{sent}")
+                        with anyio.fail_after(10):
+                            if await ws.recv() != f"{number}:{sent}":
+                                self.problems.append(f"session {number}: bad echo")
+                        await anyio.sleep(0.05)
+                return
+            except InvalidStatus as refused:
+                self.refused += 1
+                self.problems.append(f"session {number}: handshake {refused.response.status_code}")
+                return
+            except ConnectionClosed as closed:
+                if closed.rcvd is None:
+                    self.problems.append(f"session {number}: cut without a close frame")
+                    return
+                self.closes[closed.rcvd.code] += 1
+                if closed.rcvd.code != 1012:
+                    self.problems.append(f"session {number}: close {closed.rcvd.code}")
+                    return
+            except OSError as error:
+                self.problems.append(f"session {number}: {error!r}")
+                return
+
+
+def _start(
+    start_supervised: StartSupervised, tmp_path: Path, *flags: str
+) -> tuple[Supervised, Path, Path]:
+    revision_file = tmp_path / "revision"
+    revision_file.write_text(revision(1))
+    mode_file = tmp_path / "mode"
+    mode_file.write_text("ok")
+    records = tmp_path / "worker-records"
+    records.mkdir()
+    served = start_supervised(
+        "--revision-file", str(revision_file), "--handover-grace", "1s",
+        "--drain-timeout", "20s", "--start-timeout", "20s", *flags,
+        workers=2,
+        target="tests.serve.reliability_app:app",
+        env={
+            "FORGEZERO_HANDOFF_TOKEN": HANDOFF_TOKEN,
+            "FZREL_GENERATION": LABEL,
+            "FZREL_RECORDS": str(records / "{pid}.records"),
+            "FZREL_STREAM_GRACE": "1.0",
+            "FZW_MODE_FILE": str(mode_file),
+        },
+    )  # fmt: skip
+    return served, revision_file, mode_file
+
+
+def _records(served: Supervised, tmp_path: Path) -> dict[int, ServerRecords]:
+    return {
+        int(path.name.split(".")[0]): ServerRecords.read(path)
+        for path in (tmp_path / "worker-records").glob("*.records")
+    }
+
+
+def _merged(per_pid: dict[int, ServerRecords]) -> ServerRecords:
+    merged = ServerRecords()
+    for records in per_pid.values():
+        for request_id, times in records.started.items():
+            merged.started[request_id].extend(times)
+        for request_id, times in records.finished.items():
+            merged.finished[request_id].extend(times)
+        merged.damaged.extend(records.damaged)
+    return merged
+
+
+def _generations(log: str) -> dict[int, list[int]]:
+    return {
+        int(number): [int(pid) for pid in pids.split(",")]
+        for number, pids in _GENERATION.findall(log)
+    }
+
+
+async def _wait_log(served: Supervised, text: str, bound: float = 90.0) -> None:
+    await anyio.to_thread.run_sync(lambda: served.wait_log(text, bound))
+
+
+class StaggeredLoad(HttpLoad):
+    """The load with its clients started one by one: a worker accepts every connection that is
+    queued when it wakes, so a burst of new connections would all land on one worker."""
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as group:
+            for number in range(self.clients):
+                group.start_soon(self._client, number)
+                await anyio.sleep(0.03)
+
+
+def _load(served: Supervised, seed: int) -> HttpLoad:
+    router = Router(Target.open(LABEL, served.url, CLIENTS + 10))
+    router.standby = Target.open(LABEL, served.url, CLIENTS + 10)  # the same port
+    return StaggeredLoad(router, clients=CLIENTS, seed=seed)
+
+
+async def _close(load: HttpLoad) -> None:
+    await load.router.primary.http.aclose()
+    if load.router.standby is not None:
+        await load.router.standby.http.aclose()
+
+
+def _judge_no_loss(load: HttpLoad, per_pid: dict[int, ServerRecords]) -> dict[str, Any]:
+    verdict = judge(load.records, {LABEL: _merged(per_pid)})
+    refused = sum(record.refusals for record in load.records)
+    counts = {**verdict.counts(), "refused": refused}
+    assert verdict.problems == [], verdict.problems[:10]
+    assert verdict.lost == 0
+    assert refused == 0
+    assert verdict.connect_refused == 0
+    assert verdict.transport_errors == 0
+    return counts
+
+
+@pytest.mark.parametrize("run", range(RUNS))
+@pytest.mark.timeout(scale(300, 600))
+async def test_two_sighup_handovers_under_load_lose_and_refuse_nothing(
+    start_supervised: StartSupervised, tmp_path: Path, run: int
+) -> None:
+    """0 lost, 0 refused; N distinct PIDs per generation, none in two; state handed over exactly."""
+    served, revision_file, _ = _start(start_supervised, tmp_path)
+    load = _load(served, seed=12 + run)
+    sessions = Sessions(served.url, SESSIONS)
+    async with anyio.create_task_group() as group:
+        group.start_soon(load.run)
+        group.start_soon(sessions.run)
+        await anyio.sleep(LOAD_SECONDS)
+        for number in (2, 3):
+            revision_file.write_text(revision(number))
+            served.signal(signal.SIGHUP)
+            await _wait_log(served, f"supervisor.handover_done from={number - 1} to={number}")
+            served.workers()
+            await anyio.sleep(LOAD_SECONDS)
+        load.stop()
+        sessions.stopping.set()
+    await _close(load)
+    per_pid = _records(served, tmp_path)
+    log = served.log()
+    served.signal(signal.SIGTERM)
+    assert await anyio.to_thread.run_sync(served.wait_exit) == 0
+
+    counts = _judge_no_loss(load, per_pid)
+    generations = _generations(log)
+    assert sorted(generations) == [1, 2, 3]
+    all_pids = [pid for pids in generations.values() for pid in pids]
+    assert len(all_pids) == len(set(all_pids)) == 6, generations
+    answering = {
+        number: {pid for pid in pids if per_pid.get(pid) and per_pid[pid].started}
+        for number, pids in generations.items()
+    }
+    for number, pids in answering.items():
+        assert len(pids) == 2, (number, answering)
+    handed = [int(n) for n in _HANDED.findall(log)]
+    assert len(handed) == 4, log
+    for index, old in enumerate((1, 2)):
+        finished = sum(len(per_pid[pid].finished) for pid in generations[old])
+        assert sum(handed[2 * index : 2 * index + 2]) == finished, (old, handed)
+    done = _DONE.findall(log)
+    assert [state for _, _, state, _ in done] == ["drained", "drained"]
+    assert sessions.problems == []
+    assert set(sessions.closes) <= {1012}
+    assert not [pid for pid in all_pids if alive(pid)]
+    report(
+        "supervisor-handover",
+        run=run,
+        workers=2,
+        clients=CLIENTS,
+        sessions=SESSIONS,
+        handover_seconds=[float(seconds) for _, _, _, seconds in done],
+        websocket_closes_1012=sessions.closes[1012],
+        websocket_opened=sessions.opened,
+        **counts,
+    )
+
+
+@pytest.mark.parametrize("mode", ["crash", "hang"])
+@pytest.mark.timeout(180)
+async def test_a_new_generation_that_cannot_start_leaves_the_old_one_serving(
+    start_supervised: StartSupervised, tmp_path: Path, mode: str
+) -> None:
+    """Crash on import, or never ready: the handover is aborted and nothing is lost meanwhile."""
+    served, revision_file, mode_file = _start(start_supervised, tmp_path, "--start-timeout", "3s")
+    before = served.workers()
+    load = _load(served, seed=34)
+    async with anyio.create_task_group() as group:
+        group.start_soon(load.run)
+        await anyio.sleep(LOAD_SECONDS)
+        mode_file.write_text(mode)
+        revision_file.write_text(revision(2))
+        served.signal(signal.SIGHUP)
+        await _wait_log(served, "supervisor.handover_aborted")
+        await anyio.sleep(LOAD_SECONDS)
+        load.stop()
+    await _close(load)
+    assert served.workers() == before
+    per_pid = _records(served, tmp_path)
+    _judge_no_loss(load, per_pid)
+    assert {pid for pid, records in per_pid.items() if records.started} <= set(before)
+    log = served.log()
+    why = "crashes on import" if mode == "crash" else "was not ready within 3 s"
+    assert why in log
+    assert "generation 1 keeps serving" in log
+    served.signal(signal.SIGTERM)
+    assert await anyio.to_thread.run_sync(served.wait_exit) == 0
+
+
+async def test_a_second_sighup_during_a_handover_is_refused(
+    start_supervised: StartSupervised, tmp_path: Path
+) -> None:
+    """One handover at a time: the second SIGHUP is logged and changes nothing."""
+    served, revision_file, _ = _start(start_supervised, tmp_path)
+    revision_file.write_text(revision(2))
+    served.signal(signal.SIGHUP)
+    await _wait_log(served, "supervisor.handover_begin")
+    served.signal(signal.SIGHUP)
+    await _wait_log(served, "supervisor.reload_refused")
+    await _wait_log(served, "supervisor.handover_done from=1 to=2")
+    await anyio.sleep(0.5)
+    assert "handover_begin from=2" not in served.log()
+    assert len(served.workers()) == 2
