@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -161,13 +162,17 @@ def start_supervised(tmp_path: Path) -> Iterator[StartSupervised]:
         target: str = "tests.serve.apps:app",
         env: dict[str, str] | None = None,
         wait: bool = True,
+        socket_activation: socket.socket | None = None,
     ) -> Supervised:
+        """``socket_activation``: pass this listening socket as fd 3 with ``LISTEN_FDS=1``
+        (``workers=0``: plain ``serve``, no supervisor)."""
         port = free_port()
         records = tmp_path / f"records-{port}"
         records.mkdir()
         command: Sequence[str] = [
             sys.executable, "-m", "forgezero_lifecycle", "serve", target,
-            "--workers", str(workers), "--port", str(port), "--no-access-log", *flags,
+            "--port", str(port), "--no-access-log", *flags,
+            *(("--workers", str(workers)) if workers else ()),
         ]  # fmt: skip
         log_path = tmp_path / f"supervisor-{port}.log"
         environment = {
@@ -176,6 +181,18 @@ def start_supervised(tmp_path: Path) -> Iterator[StartSupervised]:
             "FZW_RECORDS": str(records),
             **(env or {}),
         }
+        pass_fds: tuple[int, ...] = ()
+        if socket_activation is not None:
+            fd = socket_activation.fileno()
+            pass_fds = (fd,)
+            port = socket_activation.getsockname()[1]
+            # What systemd does: the socket at fd 3, LISTEN_PID naming the process after exec.
+            script = (
+                f"import os, sys; {fd} == 3 or (os.dup2({fd}, 3), os.close({fd})); os.environ.update("
+                "LISTEN_PID=str(os.getpid()), LISTEN_FDS='1', LISTEN_FDNAMES='http'); "
+                "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+            )
+            command = [sys.executable, "-c", script, *command[1:]]
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 command,
@@ -184,6 +201,7 @@ def start_supervised(tmp_path: Path) -> Iterator[StartSupervised]:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                pass_fds=pass_fds,
             )
         served = Supervised(f"http://127.0.0.1:{port}", process, log_path, records)
         started.append(served)

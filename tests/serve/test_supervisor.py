@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -151,3 +152,24 @@ def test_reload_through_the_control_plane_hands_over_to_fresh_workers(
     assert len(after) == 2
     assert after.isdisjoint(before)
     assert served.pids_answering(2) == after
+
+
+def test_systemd_socket_activation_serves_on_the_passed_socket(
+    start_supervised: StartSupervised,
+) -> None:
+    """A pre-bound socket passed as fd 3 (LISTEN_FDS=1, LISTEN_PID): the workers serve on it."""
+    with socket.create_server(("127.0.0.1", 0)) as activated:
+        served = start_supervised(workers=2, socket_activation=activated)
+        assert "(systemd, fd 3, name http)" in served.log()
+        pids = set(served.workers())
+        assert served.pids_answering(2) == pids
+        served.signal(signal.SIGTERM)
+        assert served.wait_exit() == 0
+
+
+def test_plain_serve_takes_a_systemd_socket_too(start_supervised: StartSupervised) -> None:
+    """Without --workers, serve serves on the activated socket instead of binding its port."""
+    with socket.create_server(("127.0.0.1", 0)) as activated:
+        served = start_supervised(workers=0, socket_activation=activated, wait=False)
+        served.wait_for(lambda: _try(lambda: served.get("/pid")), "serving")
+        assert served.get("/pid").json()["pid"] == served.process.pid

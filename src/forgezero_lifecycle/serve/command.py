@@ -18,6 +18,7 @@ from uvicorn.importer import ImportFromStringError, import_from_string
 from .._errors import ConfigurationError
 from ..asgi._types import ASGIApp
 from ..runtime import Runtime
+from .listeners import systemd_listeners
 from .options import ServeOptions
 from .server import find_runtime, serve_app
 
@@ -43,8 +44,10 @@ def run(app: str | ASGIApp, options: ServeOptions) -> int:
         from .supervisor import run_supervisor
 
         return run_supervisor(app, options)
+    inherited = systemd_listeners()  # systemd socket activation, else bind host:port
     loaded, runtime, source = load_app(app, options)
-    return asyncio.run(serve_app(loaded, runtime, options, runtime_source=source))
+    sockets = None if not inherited else [listener.sock for listener in inherited]
+    return asyncio.run(serve_app(loaded, runtime, options, sockets=sockets, runtime_source=source))
 
 
 def load_app(
