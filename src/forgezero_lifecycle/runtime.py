@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 from starlette.applications import Starlette
 
 from ._clock import Clock, SystemClock
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, DrainFailed
 from ._events import emit
 from ._tokens import check_token_pair
 from .asgi._types import ASGIApp, Scope
@@ -49,6 +49,7 @@ from .core.gate import IntakeGate
 from .core.handoff import StateAdapter, StateHandoffController
 from .core.participant import WorkParticipant
 from .core.scheduler import SchedulerParticipant
+from .core.siblings import sibling_pids
 from .core.signal_drain import SignalDrain
 from .wire import paths
 from .wire._types import is_revision
@@ -66,6 +67,11 @@ P = TypeVar("P", bound=WorkParticipant)
 #: Close codes an endpoint may send (RFC 6455 §7.4: 1004-1006, 1015 and 1016-2999 may not be).
 _SENDABLE_CLOSE_CODES: Final = frozenset(
     (1000, 1001, 1002, 1003, *range(1007, 1015), *range(3000, 5000))
+)
+
+_SIBLINGS_ADVICE: Final = (
+    "a drain reaches only this worker, so it never reports drained; run the app with "
+    "`forgezero-lifecycle serve APP --workers N`, which drains every worker as one generation"
 )
 
 #: Share of the drain deadline kept back so durable jobs are released before it expires.
@@ -120,7 +126,13 @@ class Runtime:
         self._began_at = 0.0
         self._timeout = 0.0
         self._closer: asyncio.Task[None] | None = None
-        self.drain = DrainController(_Dependencies(self), revision=revision, clock=self._clock)
+        #: True when a ``serve --workers`` supervisor drains this process together with the other
+        #: workers on its listening socket; otherwise a drain checks for such siblings itself.
+        self.supervised = False
+        self._siblings: tuple[int, ...] = ()
+        self.drain = DrainController(
+            _Dependencies(self), revision=revision, clock=self._clock, detail=self._status_detail
+        )
         #: The hook that turns SIGTERM/SIGINT under the user's server into a self-drain.
         self.signal_drain = SignalDrain(
             self.drain, revision=revision, timeout=signal_drain_timeout, enabled=drain_on_signal
@@ -237,7 +249,21 @@ class Runtime:
 
     # The drain's steps, called by _Dependencies.
 
+    def _status_detail(self) -> dict[str, Any] | None:
+        if not self._siblings:
+            return None
+        return {"sharedListener": {"siblingPids": list(self._siblings), "advice": _SIBLINGS_ADVICE}}
+
     def _begin(self) -> None:
+        self._siblings = () if self.supervised else sibling_pids()
+        if self._siblings:
+            logger.error(
+                "drain.partial: this process is one of %d worker processes accepting on the same "
+                "listening socket (siblings: %s); %s",
+                len(self._siblings) + 1,
+                ", ".join(map(str, self._siblings)),
+                _SIBLINGS_ADVICE,
+            )
         self._began_at = self._clock.monotonic()
         self.draining.set()
         self.gate.begin_draining()
@@ -270,6 +296,8 @@ class Runtime:
         return min(_RELEASE_MARGIN_MAX, self._timeout * _RELEASE_MARGIN_SHARE)
 
     async def _wait_for_requests(self) -> None:
+        if self._siblings:
+            raise DrainFailed("RUNTIME_DRAIN_FAILED", detail="a drain of part of a server")
         await self._closed.wait()
         notice_after = min(self._stream_grace, self._remaining() / 2)
         if await _first(self.gate.wait_idle(), self._clock.sleep(notice_after)):

@@ -173,3 +173,22 @@ def test_plain_serve_takes_a_systemd_socket_too(start_supervised: StartSupervise
         served = start_supervised(workers=0, socket_activation=activated, wait=False)
         served.wait_for(lambda: _try(lambda: served.get("/pid")), "serving")
         assert served.get("/pid").json()["pid"] == served.process.pid
+
+
+def test_sigterm_drains_an_app_whose_runtime_reads_its_revision_from_the_environment(
+    start_supervised: StartSupervised,
+) -> None:
+    """No --revision: the generation takes the revision its workers report, and drains."""
+    revision = "c" * 40
+    served = start_supervised(workers=2, env={"FORGEZERO_REVISION": revision})
+    wrong = {
+        "protocol": "forgezero-drain/v1",
+        "nonce": "n" * 43,
+        "sourceRevision": "d" * 40,
+        "targetRevision": revision,
+        "timeoutMs": 1000,
+    }
+    assert served.post("/.forgezero/runtime/drain/v1/begin", wrong).status_code == 409
+    served.signal(signal.SIGTERM)
+    assert served.wait_exit() == 0
+    assert "supervisor.stopped drain=drained" in served.log()

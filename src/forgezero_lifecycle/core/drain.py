@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol, final
+from typing import Any, Final, Literal, Protocol, final
 
 from .._clock import Clock, SystemClock
 from .._errors import DrainConflict, DrainFailed, DrainNotFound, LifecycleError
@@ -97,8 +97,10 @@ class DrainController:
         *,
         revision: str | None = None,
         clock: Clock | None = None,
+        detail: Callable[[], dict[str, Any] | None] | None = None,
     ) -> None:
         self._deps = dependencies
+        self._detail = detail
         self._revision = revision
         # Only measures how long a drain took (events, metrics); the deadline is deps.sleep.
         self._clock: Clock = clock or SystemClock()
@@ -113,6 +115,16 @@ class DrainController:
         self._retired_nonces: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()
+
+    @property
+    def revision(self) -> str | None:
+        """The revision ``sourceRevision`` must match (None: any)."""
+        return self._revision
+
+    @revision.setter
+    def revision(self, revision: str | None) -> None:
+        # A supervisor learns its generation's revision once the workers have reported it.
+        self._revision = revision
 
     @property
     def active(self) -> bool:
@@ -177,6 +189,7 @@ class DrainController:
             status=self._state,
             in_flight=validate_counters(self._deps.work_counters()),
             failure=self._failure,
+            detail=None if self._detail is None else self._detail(),
         )
 
     def current(self) -> DrainStatus:

@@ -78,6 +78,7 @@ class WorkerProcess:
         self.ready = asyncio.Event()
         self.exited = asyncio.Event()
         self.exit_reason: str | None = None
+        self.revision: str | None = None
         self.state_kind: dict[str, Any] | None = None
         self.private_port = 0
         self._waiter: asyncio.Task[None] | None = None
@@ -139,6 +140,7 @@ class WorkerProcess:
             self.detail = message["detail"]
         if self.state == "ready":
             self.state_kind = message.get("stateKind")
+            self.revision = message.get("revision")
             self.private_port = int(message.get("privatePort", 0))
             self.ready.set()
         self.generation.changed()
@@ -195,7 +197,7 @@ class Generation:
         self.workers = [WorkerProcess(self, index) for index in range(options.workers)]
         self.retired = False
         self._changed = asyncio.Event()
-        self._acks: list[asyncio.Task[dict[str, Any]]] = []
+        self._acks: list[tuple[WorkerProcess, asyncio.Future[dict[str, Any]]]] = []
         self._schedules: list[object] = []
         self.controller = DrainController(_FanOut(self), revision=self.revision)
         self.control = ControlApp(
@@ -228,6 +230,11 @@ class Generation:
     async def start(self) -> None:
         """Start every worker; raise :class:`StartFailed` unless all are ready in time."""
         await asyncio.gather(*(self.start_worker(worker) for worker in self.workers))
+        reported = {worker.revision for worker in self.workers}
+        if self.controller.revision is None and len(reported) == 1:
+            self.controller.revision = self.revision = reported.pop()
+        elif len(reported) > 1:
+            logger.warning("supervisor.revisions_differ %r: %s", self, sorted(map(str, reported)))
 
     async def start_worker(self, worker: WorkerProcess) -> None:
         await worker.spawn(self._listeners, self._config(worker))
@@ -284,7 +291,7 @@ class Generation:
 
     def fan_out(self, op: str, **fields: Any) -> None:
         self._acks = [
-            asyncio.ensure_future(worker.command(op, **fields))
+            (worker, asyncio.ensure_future(worker.command(op, **fields)))
             for worker in self.workers
             if not worker.exited.is_set()
         ]
@@ -292,9 +299,13 @@ class Generation:
     async def acknowledged(self) -> None:
         """Wait until every worker answered the last begin or rollback."""
         acks, self._acks = self._acks, []
-        for worker, answer in zip(self.workers, await asyncio.gather(*acks), strict=False):
+        answers = await asyncio.gather(*(ack for _, ack in acks))
+        for (worker, _), answer in zip(acks, answers, strict=True):
             if "error" in answer and answer["error"] != "RUNTIME_WORKER_GONE":
                 logger.error("supervisor.command_refused %s code=%s", worker.name, answer["error"])
+                if worker.state == "draining":  # a refused begin: this worker will not drain
+                    worker.state, worker.failure = "failed", answer["error"]
+                    self.changed()
 
     async def wait_drained(self) -> None:
         """Return once every worker drained; raise as soon as one failed or died."""

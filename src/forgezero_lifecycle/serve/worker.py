@@ -172,6 +172,7 @@ class WorkerAgent:
                     inFlight=self.runtime.counters().model_dump(),
                     privatePort=self.private.getsockname()[1],
                     stateKind=_state_kind(self.runtime),
+                    revision=self.runtime.revision,
                 )
                 return
             await asyncio.sleep(_STARTUP_LOOK)
@@ -312,6 +313,7 @@ async def _serve(
     # A private loopback listener of this worker alone: the next generation's worker with the
     # same index fetches this one's state export from it during a handover.
     private = socket.create_server(("127.0.0.1", 0))
+    runtime.supervised = True  # its siblings on the socket drain with it, as one generation
     agent = WorkerAgent(runtime, index=index, generation=generation, private=private)
     agent.channel = channel
     agent_box.append(agent)

@@ -75,6 +75,9 @@ class DrainStatus(DrainRequest):
     status: DrainState
     in_flight: WorkCounters
     failure: str | None = None
+    #: Optional, non-secret: what the runtime knows beyond the counters (e.g. that it is one of
+    #: several worker processes sharing a listening socket).
+    detail: dict[str, Any] | None = None
 
 
 class DrainAccepted(BaseModel):

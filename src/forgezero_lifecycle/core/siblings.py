@@ -1,0 +1,90 @@
+"""Is this process one of several workers accepting on the same listening socket?
+
+Under ``uvicorn --workers N``, ``gunicorn -w N`` or ``hypercorn --workers N`` a parent binds the
+listening socket and N children accept on it. A drain reaches only the child that received the
+drain request, so it must never report ``drained`` for the whole server. This module finds the
+siblings (Linux, through ``/proc``): the listening sockets among this process's descriptors, and
+the other children of its parent that hold one of the same kernel sockets (same inode).
+
+Elsewhere, or when ``/proc`` cannot be read, it finds none (and says nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+__all__ = ["listening_inodes", "sibling_pids"]
+
+_PROC = Path("/proc")
+
+
+def _socket_inodes(pid: int | str) -> dict[int, int]:
+    """``{inode: fd}`` of the sockets among ``pid``'s descriptors (empty when unreadable)."""
+    found: dict[int, int] = {}
+    try:
+        entries = list((_PROC / str(pid) / "fd").iterdir())
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            target = os.readlink(entry)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found[int(target[8:-1])] = int(entry.name)
+    return found
+
+
+def listening_inodes() -> set[int]:
+    """Inodes of this process's listening TCP sockets."""
+    if not sys.platform.startswith("linux"):
+        return set()
+    listening: set[int] = set()
+    for inode, fd in _socket_inodes("self").items():
+        try:
+            probe = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if probe.type == socket.SOCK_STREAM and probe.getsockopt(
+                socket.SOL_SOCKET, socket.SO_ACCEPTCONN
+            ):
+                listening.add(inode)
+        except OSError:
+            pass
+        finally:
+            probe.close()
+    return listening
+
+
+def sibling_pids() -> tuple[int, ...]:
+    """Other children of this process's parent holding one of its listening sockets."""
+    mine = listening_inodes()
+    parent = os.getppid()
+    if not mine or parent <= 1:
+        return ()
+    me = os.getpid()
+    found: list[int] = []
+    try:
+        entries = [entry.name for entry in _PROC.iterdir() if entry.name.isdigit()]
+    except OSError:
+        return ()
+    for name in entries:
+        pid = int(name)
+        if pid == me or _parent_of(pid) != parent:
+            continue
+        if mine & _socket_inodes(pid).keys():
+            found.append(pid)
+    return tuple(sorted(found))
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[1]) if fields[0] != "Z" else None

@@ -1,0 +1,126 @@
+"""Under a foreign multi-worker server a drain reaches one worker: it must never say drained.
+
+``uvicorn --workers 2`` and ``hypercorn --workers 2`` bind in a parent and accept in two
+children. The worker that receives the drain finds its sibling on the listening socket, says so
+in the log and in the status ``detail``, and fails the drain instead of reporting ``drained``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Final
+
+import httpx
+import pytest
+
+from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port
+
+from .conftest import AUTH, alive
+from .test_generation_drain import BEGIN, STATUS, _request
+
+pytestmark = pytest.mark.server
+
+BOUND: Final = 30.0
+
+
+def _command(kind: str, port: int) -> list[str]:
+    if kind == "uvicorn":
+        return [
+            sys.executable, "-m", "uvicorn", "tests.cli.apps:app", "--workers", "2",
+            "--host", "127.0.0.1", "--port", str(port), "--log-level", "info",
+        ]  # fmt: skip
+    return [
+        sys.executable, "-m", "hypercorn", "tests.cli.apps:app", "--workers", "2",
+        "--bind", f"127.0.0.1:{port}", "--error-logfile", "-", "--log-level", "info",
+    ]  # fmt: skip
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[1]) == parent and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def _get(url: str, **options: object) -> httpx.Response:
+    return httpx.get(
+        url, timeout=5, trust_env=False, headers={"connection": "close", **AUTH}, **options
+    )  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["uvicorn", "hypercorn"])
+def test_a_drain_of_one_foreign_worker_fails_and_names_its_sibling(
+    kind: str, tmp_path: Path
+) -> None:
+    """Never ``drained`` for part of a server: failed, with the sibling's PID in ``detail``."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "server.log"
+    environment = {**os.environ, "FORGEZERO_CONTROL_TOKEN": CONTROL_TOKEN}
+    environment["PYTHONPATH"] = str(PROJECT_ROOT)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            _command(kind, port),
+            cwd=PROJECT_ROOT,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + BOUND
+        while True:
+            seen.update(_children(process.pid))
+            try:
+                if len(seen) >= 2 and _get(url + "/.forgezero/runtime/live").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        time.sleep(1.0)  # both children serving (the second may still be importing the app)
+        request = _request()
+        begun = httpx.post(url + BEGIN, json=request, headers=AUTH, timeout=5, trust_env=False)
+        assert begun.status_code == 202, begun.text
+        statuses = []
+        deadline = time.monotonic() + BOUND
+        while not statuses:
+            response = _get(url + STATUS, params={"nonce": request["nonce"]})
+            if response.status_code == 200:
+                statuses.append(response.json())
+            assert time.monotonic() < deadline, "no worker knew the drain"
+        status = statuses[0]
+        assert status["status"] == "failed", status
+        shared = status["detail"]["sharedListener"]
+        assert len(shared["siblingPids"]) >= 1
+        assert set(shared["siblingPids"]) <= seen
+        assert "serve APP --workers N" in shared["advice"]
+        assert "drain.partial" in log_path.read_text()
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT if kind == "hypercorn" else signal.SIGTERM)
+            try:
+                process.wait(BOUND)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(BOUND)
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in seen) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        survivors = [pid for pid in seen if alive(pid)]
+        for pid in survivors:
+            os.kill(pid, signal.SIGKILL)
+    assert survivors == []
