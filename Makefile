@@ -64,7 +64,8 @@ demo: $(STAMP)
 soak: $(STAMP)
 	rm -f reliability-report.jsonl
 	FORGEZERO_SOAK=1 FORGEZERO_RELIABILITY_REPORT=reliability-report.jsonl \
-		$(BIN)/python -m pytest tests/reliability tests/security tests/ops/test_schemathesis.py -q -rxX -p no:cacheprovider
+		$(BIN)/python -m pytest tests/reliability tests/security tests/ops/test_schemathesis.py \
+			tests/serve/test_handover.py -q -rxX -p no:cacheprovider
 
 run: $(STAMP)
 	BIN=$(BIN) examples/run.sh

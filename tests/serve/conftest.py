@@ -1,4 +1,5 @@
-"""Fixtures of the ``serve`` tests: the CLI tests' ``start_serve`` (shared), and for
+"""Fixtures of the ``serve`` tests: the CLI tests' ``start_serve`` and the reliability tests'
+``sqlite_jobs`` (shared), and for
 ``serve --workers`` a supervisor process and every worker it starts.
 
 The supervisor is started by the test; its workers are found through ``/proc`` (children of the
@@ -24,8 +25,9 @@ import httpx
 import pytest
 
 from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, start_serve
+from tests.reliability.conftest import sqlite_jobs
 
-__all__ = ["start_serve", "start_supervised"]
+__all__ = ["sqlite_jobs", "start_serve", "start_supervised"]
 
 BOUND: Final = 30.0
 WORKER_MODULE: Final = "forgezero_lifecycle.serve.worker"

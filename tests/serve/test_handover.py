@@ -22,6 +22,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.reliability._constants import HANDOFF_TOKEN
+from tests.reliability._jobs import SharedJobs
 from tests.reliability._load import HttpLoad, Router, Target
 from tests.reliability._records import ServerRecords
 from tests.reliability._soak import report, scale
@@ -37,6 +38,8 @@ SESSIONS: Final = 8
 LOAD_SECONDS: Final = scale(2.0, 5.0)
 #: Runs of the two-handover scenario (``make soak``: more).
 RUNS: Final = scale(3, 20)
+#: Durable jobs (0.5 s each) enqueued at the start: they run across both handovers.
+JOBS: Final = 160
 _GENERATION = re.compile(
     r"supervisor\.(?:serving|new_generation_ready) generation=(\d+) pids=\[([\d, ]+)\]"
 )
@@ -99,7 +102,10 @@ class Sessions:
 
 
 def _start(
-    start_supervised: StartSupervised, tmp_path: Path, *flags: str
+    start_supervised: StartSupervised,
+    tmp_path: Path,
+    *flags: str,
+    env: dict[str, str] | None = None,
 ) -> tuple[Supervised, Path, Path]:
     revision_file = tmp_path / "revision"
     revision_file.write_text(revision(1))
@@ -118,6 +124,7 @@ def _start(
             "FZREL_RECORDS": str(records / "{pid}.records"),
             "FZREL_STREAM_GRACE": "1.0",
             "FZW_MODE_FILE": str(mode_file),
+            **(env or {}),
         },
     )  # fmt: skip
     return served, revision_file, mode_file
@@ -190,10 +197,13 @@ def _judge_no_loss(load: HttpLoad, per_pid: dict[int, ServerRecords]) -> dict[st
 @pytest.mark.parametrize("run", range(RUNS))
 @pytest.mark.timeout(scale(300, 600))
 async def test_two_sighup_handovers_under_load_lose_and_refuse_nothing(
-    start_supervised: StartSupervised, tmp_path: Path, run: int
+    start_supervised: StartSupervised, tmp_path: Path, sqlite_jobs: SharedJobs, run: int
 ) -> None:
-    """0 lost, 0 refused; N distinct PIDs per generation, none in two; state handed over exactly."""
-    served, revision_file, _ = _start(start_supervised, tmp_path)
+    """0 lost, 0 refused; N distinct PIDs per generation, none in two; state handed over exactly;
+    every durable job completed exactly once."""
+    jobs_env = {**sqlite_jobs.env, "FZREL_JOB_SECONDS": "0.5", "FZREL_JOB_LEASE": "2"}
+    served, revision_file, _ = _start(start_supervised, tmp_path, env=jobs_env)
+    await sqlite_jobs.enqueue(JOBS)
     load = _load(served, seed=12 + run)
     sessions = Sessions(served.url, SESSIONS)
     async with anyio.create_task_group() as group:
@@ -209,6 +219,7 @@ async def test_two_sighup_handovers_under_load_lose_and_refuse_nothing(
         load.stop()
         sessions.stopping.set()
     await _close(load)
+    await sqlite_jobs.wait_done(JOBS, seconds=60)
     per_pid = _records(served, tmp_path)
     log = served.log()
     served.signal(signal.SIGTERM)
@@ -235,6 +246,9 @@ async def test_two_sighup_handovers_under_load_lose_and_refuse_nothing(
     assert sessions.problems == []
     assert set(sessions.closes) <= {1012}
     assert not [pid for pid in all_pids if alive(pid)]
+    assert sorted((await sqlite_jobs.effects_per_job()).values()) == [1] * JOBS
+    committed = [job for records in per_pid.values() for job in records.jobs_committed]
+    assert len(committed) == JOBS
     report(
         "supervisor-handover",
         run=run,
@@ -244,6 +258,11 @@ async def test_two_sighup_handovers_under_load_lose_and_refuse_nothing(
         handover_seconds=[float(seconds) for _, _, _, seconds in done],
         websocket_closes_1012=sessions.closes[1012],
         websocket_opened=sessions.opened,
+        jobs=JOBS,
+        jobs_by_generation={
+            number: sum(len(per_pid[pid].jobs_committed) for pid in pids if pid in per_pid)
+            for number, pids in generations.items()
+        },
         **counts,
     )
 
