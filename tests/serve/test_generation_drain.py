@@ -7,7 +7,9 @@ is unchanged); each worker's own records (one file per PID) say what it did.
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
+import signal
 import threading
 from typing import Any
 
@@ -171,3 +173,23 @@ def test_schedules_status_covers_every_worker(start_supervised: StartSupervised)
     assert response.status_code == 200
     assert response.json() == {"schedules": []}
     assert served.get("/.forgezero/runtime/schedules/v1/status").status_code == 401
+
+
+def test_a_worker_dying_during_the_drain_fails_it(start_supervised: StartSupervised) -> None:
+    """SIGKILL of a worker still draining: the generation's drain fails, naming that worker."""
+    served = start_supervised("--revision", REVISION, workers=2)
+    _hold(served, 1, 5.0)
+    request = _request(timeout_ms=20_000)
+    assert served.post(BEGIN, request).status_code == 202
+    # The worker still draining (it holds the request); the other may have drained already.
+    (victim,) = [pid for pid, lines in served.worker_records().items() if "admitted /slow" in lines]
+    os.kill(victim, signal.SIGKILL)
+    final = served.wait_for(
+        lambda: (s := _status(served, request["nonce"]))["status"] != "draining" and s, "settled"
+    )
+    assert final["status"] == "failed", final
+    dead = [w for w in final["detail"]["workers"] if w["pid"] == victim]
+    assert dead[0]["exited"] == "killed by SIGKILL"
+    assert dead[0]["worker"] in final["detail"]["failedWorkers"]
+    served.wait_log(f"pid {victim}) of generation 1 reason=killed by SIGKILL")
+    assert len(served.workers()) == 1  # not replaced while its generation drains

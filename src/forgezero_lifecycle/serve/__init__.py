@@ -19,9 +19,15 @@ the listener refuses new handshakes and is emptied before it closes (``sockets``
 get a first-byte grace instead of an immediate close, and every close lingers
 (``connections``).
 
+With ``--workers N`` the process is a supervisor instead: it holds the listening socket and runs
+generations of N worker processes that drain as one, and SIGHUP hands over to a new generation
+on the same port (README "Several workers").
+
 Modules: ``options`` (flags and values), ``command`` (import the app, find its runtime),
 ``server`` (uvicorn under the runtime's control), ``connections`` (the stop of each
-connection), ``sockets`` (the stop of a listener).
+connection), ``sockets`` (the stop of a listener), ``listeners`` (binding, systemd socket
+activation), ``supervisor`` (generations, stop, handover), ``generation`` (one generation's
+workers and drain), ``worker`` (one worker process), ``channel`` (their private channel).
 """
 
 from .command import run as run
