@@ -112,14 +112,15 @@ def test_workers_stop_when_the_supervisor_is_killed(start_supervised: StartSuper
     assert children(served.process.pid) == []
 
 
-def test_sigint_from_the_terminal_does_not_reach_the_workers_own_handling(
+def test_sigint_and_sigterm_sent_to_a_worker_are_the_supervisors_to_command(
     start_supervised: StartSupervised,
 ) -> None:
-    """A worker sent SIGINT directly keeps serving: its signals are the supervisor's to command."""
+    """A worker sent SIGINT (a terminal's Ctrl-C) or SIGTERM directly keeps serving."""
     served = start_supervised(workers=2)
     pids = served.workers()
     for pid in pids:
         os.kill(pid, signal.SIGINT)
+        os.kill(pid, signal.SIGTERM)
     time.sleep(0.5)  # give a wrongly handled signal the time to show
     assert served.workers() == pids
     assert served.get("/.forgezero/runtime/ready").status_code == 200

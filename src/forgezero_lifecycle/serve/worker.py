@@ -10,11 +10,14 @@ What the supervisor sees (events on the channel)::
 
     booting ──▶ ready ──▶ draining ──▶ drained | failed | rolled-back
 
-Signals are the supervisor's to command: SIGINT (a terminal's Ctrl-C reaches the whole process
-group) and SIGTERM stay blocked, and the worker acts on the channel instead. It stops when told
-to, or when the supervisor is gone: end of file on the channel, or the parent-death signal
-(``PR_SET_PDEATHSIG`` on Linux). Stopping unblocks SIGTERM and raises it, so ``serve_app``'s own
-self-drain (which follows a drain already begun) runs the stop.
+Signals are the supervisor's to command. SIGINT (a terminal's Ctrl-C reaches the whole process
+group) and SIGTERM are blocked while the worker boots; once uvicorn has started, the worker's own
+handlers replace ``serve_app``'s and the signals are unblocked (so processes the app starts later
+inherit no blocked signal): SIGINT is ignored, and SIGTERM too while the supervisor lives. The
+worker acts on the channel instead. It stops when told to, or when the supervisor is gone (end of
+file on the channel, the parent-death signal ``PR_SET_PDEATHSIG`` on Linux, or a SIGTERM once the
+parent is gone): it then drains itself (or follows the drain begun) and lets ``serve_app`` run
+its stop, which leaves the shared kernel socket to the others.
 
 The drain paths of the control plane (``drain/v1/begin|status|rollback`` and
 ``schedules/v1/status``) are answered for the whole generation: :class:`GenerationControl`
@@ -47,7 +50,7 @@ from ..wire import paths
 from .channel import Channel, ChannelClosed, read_frame_blocking
 from .command import load_app
 from .options import ServeOptions
-from .server import serve_app
+from .server import _self_drain, serve_app
 
 __all__ = ["FORWARDED_PATHS", "PARENT_DEATH_SIGNAL", "GenerationControl", "main"]
 
@@ -141,13 +144,23 @@ class WorkerAgent:
     """This worker's side of the channel: state events, and the supervisor's commands."""
 
     def __init__(
-        self, runtime: Runtime, *, index: int, generation: int, private: socket.socket
+        self,
+        runtime: Runtime,
+        channel: Channel,
+        options: ServeOptions,
+        *,
+        index: int,
+        generation: int,
+        private: socket.socket,
+        supervisor_pid: int,
     ) -> None:
         self.runtime = runtime
+        self.channel = channel
+        self.options = options
         self.private = private
+        self.supervisor_pid = supervisor_pid
         self.index = index
         self.generation = generation
-        self.channel: Channel = None  # type: ignore[assignment]  # set by attach_channel
         self.server: uvicorn.Server | None = None
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -164,9 +177,10 @@ class WorkerAgent:
         self.channel.notify({"event": "state", "state": state, "pid": os.getpid(), **extra})
 
     async def watch_startup(self, serving: asyncio.Task[int]) -> None:
-        """Report ready once uvicorn serves the inherited sockets (startup and lifespan done)."""
+        """Once uvicorn serves (startup and lifespan done): take the signals over, report ready."""
         while not serving.done():
             if self.server is not None and self.server.started:
+                self._take_signals()
                 self.notify_state(
                     "ready",
                     inFlight=self.runtime.counters().model_dump(),
@@ -177,16 +191,37 @@ class WorkerAgent:
                 return
             await asyncio.sleep(_STARTUP_LOOK)
 
+    def _take_signals(self) -> None:
+        # serve_app installed its handlers before uvicorn started: these replace them.
+        loop = asyncio.get_running_loop()
+        for signum in _COMMANDED:
+            loop.add_signal_handler(signum, self._on_signal, signum)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _COMMANDED)
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if signum == signal.SIGTERM and os.getppid() != self.supervisor_pid:
+            self.stop(f"{name} and the supervisor is gone")
+            return
+        logger.info("worker.signal_ignored signal=%s: the supervisor commands this worker", name)
+
     def stop(self, reason: str, *, force: bool = False) -> None:
-        """Run ``serve_app``'s stop: unblock SIGTERM and raise it (twice when forced)."""
-        if self._stopping and not force:
+        """Drain (or follow the drain begun), then stop serving; ``force``: stop now."""
+        server = self.server
+        if force and server is not None:
+            logger.warning("worker.forced worker=%d reason=%s", self.index, reason)
+            server.force_exit = True
+            server.should_exit = True
+            return
+        if self._stopping:
             return
         self._stopping = True
         logger.info("worker.stopping worker=%d reason=%s", self.index, reason)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-        os.kill(os.getpid(), signal.SIGTERM)
-        if force:
-            os.kill(os.getpid(), signal.SIGTERM)
+        if server is None or not server.started:
+            if server is not None:
+                server.should_exit = True  # still starting: nothing admitted to drain
+            return
+        self._spawn(_self_drain(self.runtime, self.options.drain_timeout, server))
 
     async def handle(self, message: dict[str, Any]) -> dict[str, Any] | None:
         op = message.get("op")
@@ -284,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fields = {f.name for f in dataclasses.fields(ServeOptions)}
     options = ServeOptions(**{k: v for k, v in config["options"].items() if k in fields})
     listeners = [socket.socket(fileno=fd) for fd in args.listen_fd]
-    return asyncio.run(_serve(config, options, listeners, channel_sock))
+    return asyncio.run(_serve(config, options, listeners, channel_sock, args.supervisor_pid))
 
 
 async def _serve(
@@ -292,6 +327,7 @@ async def _serve(
     options: ServeOptions,
     listeners: list[socket.socket],
     channel_sock: socket.socket,
+    supervisor_pid: int,
 ) -> int:
     index, generation = int(config["index"]), int(config["generation"])
     agent_box: list[WorkerAgent] = []
@@ -314,8 +350,15 @@ async def _serve(
     # same index fetches this one's state export from it during a handover.
     private = socket.create_server(("127.0.0.1", 0))
     runtime.supervised = True  # its siblings on the socket drain with it, as one generation
-    agent = WorkerAgent(runtime, index=index, generation=generation, private=private)
-    agent.channel = channel
+    agent = WorkerAgent(
+        runtime,
+        channel,
+        options,
+        index=index,
+        generation=generation,
+        private=private,
+        supervisor_pid=supervisor_pid,
+    )
     agent_box.append(agent)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(PARENT_DEATH_SIGNAL, agent.stop, "the supervisor is gone")
