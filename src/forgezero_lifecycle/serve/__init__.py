@@ -27,7 +27,8 @@ Modules: ``options`` (flags and values), ``command`` (import the app, find its r
 ``server`` (uvicorn under the runtime's control), ``connections`` (the stop of each
 connection), ``sockets`` (the stop of a listener), ``listeners`` (binding, systemd socket
 activation), ``supervisor`` (generations, stop, handover), ``generation`` (one generation's
-workers and drain), ``worker`` (one worker process), ``channel`` (their private channel).
+workers and drain), ``process`` (a worker as the supervisor sees it), ``worker`` (the worker
+process itself), ``channel`` (their private channel).
 """
 
 from .command import run as run

@@ -14,16 +14,13 @@ back every worker.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hmac
 import logging
-import os
 import signal
 import socket
-import sys
 from collections.abc import Callable, Coroutine, MutableMapping, Sequence
-from typing import Any, Final, final
+from typing import Any, final
 
 import orjson
 
@@ -32,144 +29,12 @@ from ..asgi.control import ControlApp
 from ..core.drain import DrainController
 from ..wire import paths
 from ..wire.drain import DrainAccepted, DrainRequest, WorkCounters
-from .channel import Channel, ChannelClosed
 from .options import ServeOptions
-from .worker import RELOAD_PATH
+from .process import COUNTER_KINDS, StartFailed, WorkerProcess
 
-__all__ = ["Generation", "StartFailed", "WorkerProcess", "exit_reason"]
+__all__ = ["Generation"]
 
 logger = logging.getLogger("forgezero_lifecycle.serve.supervisor")
-
-_KINDS: Final = ("http", "websocket", "jobs", "schedules")
-#: How long a worker may take to answer one command on its channel.
-COMMAND_TIMEOUT: Final = 10.0
-SETTLED_STATES: Final = frozenset({"drained", "failed", "rolled-back"})
-
-
-class StartFailed(Exception):
-    """A generation could not start: one of its workers died or was not ready in time."""
-
-
-def exit_reason(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-@final
-class WorkerProcess:
-    """One worker as the supervisor sees it: its process, its channel, its last report."""
-
-    def __init__(self, generation: Generation, index: int) -> None:
-        self.generation = generation
-        self.index = index
-        self.process: asyncio.subprocess.Process | None = None
-        self.channel: Channel | None = None
-        self.state = "starting"
-        self.in_flight: dict[str, int] = dict.fromkeys(_KINDS, 0)
-        self.failure: str | None = None
-        self.detail: str | None = None
-        self.stopping = False
-        self.ready = asyncio.Event()
-        self.exited = asyncio.Event()
-        self.exit_reason: str | None = None
-        self.revision: str | None = None
-        self.state_kind: dict[str, Any] | None = None
-        self.private_port = 0
-        self._waiter: asyncio.Task[None] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
-
-    @property
-    def name(self) -> str:
-        return f"worker {self.index} (pid {self.pid}) of generation {self.generation.number}"
-
-    async def spawn(self, listeners: Sequence[socket.socket], config: dict[str, Any]) -> None:
-        ours, theirs = socket.socketpair()
-        fds = [sock.fileno() for sock in listeners]
-        command = [
-            sys.executable, "-m", "forgezero_lifecycle.serve.worker",
-            "--channel-fd", str(theirs.fileno()), "--supervisor-pid", str(os.getpid()),
-            *(f"--listen-fd={fd}" for fd in fds),
-        ]  # fmt: skip
-        try:
-            self.process = await asyncio.create_subprocess_exec(
-                *command, pass_fds=(theirs.fileno(), *fds), stdin=asyncio.subprocess.DEVNULL
-            )
-        finally:
-            theirs.close()
-        self.channel = await Channel.open(ours, self._handle)
-        self.channel.notify(config)
-        self._waiter = asyncio.create_task(self._wait())
-        logger.info("supervisor.worker_started %s", self.name)
-
-    async def _wait(self) -> None:
-        assert self.process is not None
-        assert self.channel is not None
-        code = await self.process.wait()
-        self.exit_reason = exit_reason(code)
-        self.exited.set()
-        await self.channel.aclose()
-        self.generation.worker_exited(self)
-
-    async def _handle(self, message: dict[str, Any]) -> dict[str, Any] | None:
-        if message.get("event") == "state":
-            self._report(message)
-            return None
-        if message.get("op") == "control":
-            return await self.generation.answer_control(self, message["request"])
-        return {"error": "RUNTIME_NOT_FOUND"}
-
-    def _report(self, message: dict[str, Any]) -> None:
-        nonce = message.get("nonce")
-        request = self.generation.request
-        if nonce is not None and (request is None or nonce != request.nonce):
-            return  # the end of an earlier drain, reported late
-        self.state = message["state"]
-        if isinstance(message.get("inFlight"), dict):
-            self.in_flight = message["inFlight"]
-        self.failure = message.get("failure")
-        if message.get("detail"):
-            self.detail = message["detail"]
-        if self.state == "ready":
-            self.state_kind = message.get("stateKind")
-            self.revision = message.get("revision")
-            self.private_port = int(message.get("privatePort", 0))
-            self.ready.set()
-        self.generation.changed()
-
-    async def command(self, op: str, **fields: Any) -> dict[str, Any]:
-        """Send ``op``; an unreachable worker answers ``RUNTIME_WORKER_GONE``."""
-        if self.channel is None or self.exited.is_set():
-            return {"error": "RUNTIME_WORKER_GONE"}
-        try:
-            answer = await self.channel.request(op, timeout=COMMAND_TIMEOUT, **fields)
-        except (ChannelClosed, TimeoutError):
-            return {"error": "RUNTIME_WORKER_GONE"}
-        if isinstance(answer.get("inFlight"), dict):
-            self.in_flight = answer["inFlight"]
-        return answer
-
-    def signal(self, signum: int) -> None:
-        if self.process is not None and self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signum)
-
-    def summary(self) -> dict[str, Any]:
-        found: dict[str, Any] = {"worker": self.index, "pid": self.pid, "status": self.state}
-        if self.exited.is_set():
-            found["exited"] = self.exit_reason
-        found["inFlight"] = dict(self.in_flight)
-        if self.failure:
-            found["failure"] = self.failure
-        return found
 
 
 @final
@@ -321,10 +186,10 @@ class Generation:
             await self._changed.wait()
 
     def counters(self) -> WorkCounters:
-        totals = dict.fromkeys(_KINDS, 0)
+        totals = dict.fromkeys(COUNTER_KINDS, 0)
         for worker in self.workers:
             if not worker.exited.is_set():
-                for kind in _KINDS:
+                for kind in COUNTER_KINDS:
                     totals[kind] += int(worker.in_flight.get(kind, 0))
         return WorkCounters(**totals)
 
@@ -346,7 +211,7 @@ class Generation:
         self, worker: WorkerProcess, forwarded: dict[str, Any]
     ) -> dict[str, Any]:
         """Answer a drain path a worker's control plane forwarded, for the whole generation."""
-        if forwarded["path"].rstrip("/") == RELOAD_PATH:
+        if forwarded["path"].rstrip("/") == paths.RUNTIME_SUPERVISOR_RELOAD_PATH:
             return self._reload(forwarded)
         await self.refresh()
         status, headers, body = await _call_asgi(self.control, forwarded)

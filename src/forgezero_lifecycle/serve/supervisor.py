@@ -57,9 +57,10 @@ from ..core.self_drain import UNKNOWN_REVISION
 from ..wire import paths
 from ..wire._types import is_revision
 from ..wire.drain import DRAIN_PROTOCOL, MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainState
-from .generation import Generation, StartFailed, WorkerProcess
+from .generation import Generation
 from .listeners import Listener, held_listeners
 from .options import ServeOptions
+from .process import StartFailed, WorkerProcess
 from .server import SHUTDOWN_MARGIN, _log_config
 from .sockets import accept_queue_length, refuse_new_connections
 
