@@ -1,7 +1,7 @@
 """Under a foreign multi-worker server a drain reaches one worker: it must never say drained.
 
-``uvicorn --workers 2`` and ``hypercorn --workers 2`` bind in a parent and accept in two
-children. The worker that receives the drain finds its sibling on the listening socket, says so
+``uvicorn --workers 2``, ``hypercorn --workers 2`` and ``gunicorn -w 2`` (with the uvicorn
+worker) bind in a parent and accept in two children. The worker that receives the drain finds its sibling on the listening socket, says so
 in the log and in the status ``detail``, and fails the drain instead of reporting ``drained``.
 """
 
@@ -34,6 +34,12 @@ def _command(kind: str, port: int) -> list[str]:
             sys.executable, "-m", "uvicorn", "tests.cli.apps:app", "--workers", "2",
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "info",
         ]  # fmt: skip
+    if kind == "gunicorn":
+        return [
+            sys.executable, "-m", "gunicorn", "tests.cli.apps:app", "-w", "2",
+            "-k", "uvicorn_worker.UvicornWorker", "-b", f"127.0.0.1:{port}",
+            "--log-level", "info",
+        ]  # fmt: skip
     return [
         sys.executable, "-m", "hypercorn", "tests.cli.apps:app", "--workers", "2",
         "--bind", f"127.0.0.1:{port}", "--error-logfile", "-", "--log-level", "info",
@@ -60,11 +66,13 @@ def _get(url: str, **options: object) -> httpx.Response:
     )  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("kind", ["uvicorn", "hypercorn"])
+@pytest.mark.parametrize("kind", ["uvicorn", "hypercorn", "gunicorn"])
 def test_a_drain_of_one_foreign_worker_fails_and_names_its_sibling(
     kind: str, tmp_path: Path
 ) -> None:
     """Never ``drained`` for part of a server: failed, with the sibling's PID in ``detail``."""
+    if kind == "gunicorn":
+        pytest.importorskip("uvicorn_worker", reason="gunicorn's uvicorn worker (dev extra)")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "server.log"
