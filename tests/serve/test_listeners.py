@@ -1,0 +1,90 @@
+"""Listening sockets the supervisor holds: bound once, or taken from systemd's variables."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from forgezero_lifecycle._errors import ConfigurationError
+from forgezero_lifecycle.serve.listeners import bind_listener, systemd_listeners
+
+
+def test_a_bound_listener_does_not_reuse_the_port() -> None:
+    """One kernel socket per port: SO_REUSEPORT stays off, so a second bind fails clearly."""
+    sock = bind_listener("127.0.0.1", 0)
+    try:
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 0
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+        port = sock.getsockname()[1]
+        with pytest.raises(ConfigurationError, match=f"cannot listen on 127.0.0.1:{port}"):
+            bind_listener("127.0.0.1", port)
+    finally:
+        sock.close()
+
+
+def test_no_listen_fds_means_no_activation() -> None:
+    assert systemd_listeners({}) is None
+
+
+def test_listen_pid_of_another_process_is_ignored_and_left_alone() -> None:
+    """The variables were meant for a parent: not ours to take, not ours to remove."""
+    env = {"LISTEN_FDS": "1", "LISTEN_PID": str(os.getpid() + 1)}
+    assert systemd_listeners(env) is None
+    assert env == {"LISTEN_FDS": "1", "LISTEN_PID": str(os.getpid() + 1)}
+
+
+def test_malformed_variables_are_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="not numbers"):
+        systemd_listeners({"LISTEN_FDS": "one", "LISTEN_PID": str(os.getpid())})
+
+
+def test_an_fd_that_is_not_a_listening_socket_is_refused() -> None:
+    """fd 3 holding a connected (not listening) socket: refused, and left open."""
+    left, right = socket.socketpair()
+    saved = os.dup(3) if _is_open(3) else None
+    try:
+        os.dup2(left.fileno(), 3)
+        env = {"LISTEN_FDS": "1", "LISTEN_PID": str(os.getpid())}
+        with pytest.raises(ConfigurationError, match="fd 3 is not a listening stream socket"):
+            systemd_listeners(env)
+        assert _is_open(3)
+    finally:
+        if saved is not None:
+            os.dup2(saved, 3)
+            os.close(saved)
+        else:
+            os.close(3)
+        left.close()
+        right.close()
+
+
+def test_activated_sockets_are_taken_with_their_names_and_the_variables_removed() -> None:
+    listening = socket.create_server(("127.0.0.1", 0))
+    saved = os.dup(3) if _is_open(3) else None
+    try:
+        os.dup2(listening.fileno(), 3)
+        env = {"LISTEN_FDS": "1", "LISTEN_PID": str(os.getpid()), "LISTEN_FDNAMES": "http"}
+        found = systemd_listeners(env)
+        assert found is not None
+        assert [(listener.name, listener.origin) for listener in found] == [("http", "systemd")]
+        assert found[0].sock.getsockname() == listening.getsockname()
+        assert "(systemd, fd 3, name http)" in found[0].describe()
+        assert env == {}
+        found[0].sock.detach()  # fd 3 is restored below
+    finally:
+        if saved is not None:
+            os.dup2(saved, 3)
+            os.close(saved)
+        else:
+            os.close(3)
+        listening.close()
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
