@@ -53,7 +53,7 @@ from .core.siblings import sibling_pids
 from .core.signal_drain import SignalDrain
 from .wire import paths
 from .wire._types import is_revision
-from .wire.drain import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, WorkCounters
+from .wire.drain import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainAccepted, WorkCounters
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -130,6 +130,7 @@ class Runtime:
         #: workers on its listening socket; otherwise a drain checks for such siblings itself.
         self.supervised = False
         self._siblings: tuple[int, ...] = ()
+        self._remote_begin = False
         self.drain = DrainController(
             _Dependencies(self), revision=revision, clock=self._clock, detail=self._status_detail
         )
@@ -151,6 +152,7 @@ class Runtime:
             handoff_token=handoff_token,
             schedules=self._schedules_status,
             loopback_only=insecure_loopback_control,
+            begin_drain=self._begin_from_control_plane,
         )
         self._published: dict[str, Document] = {}
         if openapi:
@@ -254,8 +256,17 @@ class Runtime:
             return None
         return {"sharedListener": {"siblingPids": list(self._siblings), "advice": _SIBLINGS_ADVICE}}
 
+    def _begin_from_control_plane(self, request: object) -> DrainAccepted:
+        # A drain request reaches the one process it landed on: with sibling workers on the same
+        # socket, that is part of the server. (A signal reaches every worker: each drains itself.)
+        self._remote_begin = True
+        try:
+            return self.drain.begin(request)
+        finally:
+            self._remote_begin = False
+
     def _begin(self) -> None:
-        self._siblings = () if self.supervised else sibling_pids()
+        self._siblings = sibling_pids() if self._remote_begin and not self.supervised else ()
         if self._siblings:
             logger.error(
                 "drain.partial: this process is one of %d worker processes accepting on the same "

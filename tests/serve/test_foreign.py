@@ -1,8 +1,9 @@
 """Under a foreign multi-worker server a drain reaches one worker: it must never say drained.
 
 ``uvicorn --workers 2``, ``hypercorn --workers 2`` and ``gunicorn -w 2`` (with the uvicorn
-worker) bind in a parent and accept in two children. The worker that receives the drain finds its sibling on the listening socket, says so
+worker) bind in a parent and accept in two children. The worker that receives a drain request finds its sibling on the listening socket, says so
 in the log and in the status ``detail``, and fails the drain instead of reporting ``drained``.
+A SIGTERM is different: the parent passes it to every worker, and each drains itself in full.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Final
@@ -89,17 +91,7 @@ def test_a_drain_of_one_foreign_worker_fails_and_names_its_sibling(
         )
     seen: set[int] = set()
     try:
-        deadline = time.monotonic() + BOUND
-        while True:
-            seen.update(_children(process.pid))
-            try:
-                if len(seen) >= 2 and _get(url + "/.forgezero/runtime/live").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.1)
-        time.sleep(1.0)  # both children serving (the second may still be importing the app)
+        _wait_serving(process, url, log_path, seen)
         request = _request()
         begun = httpx.post(url + BEGIN, json=request, headers=AUTH, timeout=5, trust_env=False)
         assert begun.status_code == 202, begun.text
@@ -118,17 +110,82 @@ def test_a_drain_of_one_foreign_worker_fails_and_names_its_sibling(
         assert "serve APP --workers N" in shared["advice"]
         assert "drain.partial" in log_path.read_text()
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT if kind == "hypercorn" else signal.SIGTERM)
-            try:
-                process.wait(BOUND)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(BOUND)
-        deadline = time.monotonic() + 10
-        while any(alive(pid) for pid in seen) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        survivors = [pid for pid in seen if alive(pid)]
-        for pid in survivors:
-            os.kill(pid, signal.SIGKILL)
+        survivors = _end(process, seen, signal.SIGINT if kind == "hypercorn" else signal.SIGTERM)
     assert survivors == []
+
+
+@pytest.mark.parametrize("kind", ["uvicorn", "gunicorn"])
+def test_sigterm_reaches_every_foreign_worker_and_each_drains_in_full(
+    kind: str, tmp_path: Path
+) -> None:
+    """A signal is not a partial drain: the parent passes it to every worker, each drains."""
+    if kind == "gunicorn":
+        pytest.importorskip("uvicorn_worker", reason="gunicorn's uvicorn worker (dev extra)")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "server.log"
+    environment = {**os.environ, "FORGEZERO_CONTROL_TOKEN": CONTROL_TOKEN}
+    environment["PYTHONPATH"] = str(PROJECT_ROOT)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            _command(kind, port),
+            cwd=PROJECT_ROOT,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    seen: set[int] = set()
+    try:
+        _wait_serving(process, url, log_path, seen)
+        slow: list[int] = []
+        thread = threading.Thread(
+            target=lambda: slow.append(_get(url + "/slow?seconds=1.5").status_code), daemon=True
+        )
+        thread.start()
+        time.sleep(0.5)  # the slow request is admitted
+        process.send_signal(signal.SIGTERM)
+        process.wait(BOUND)
+        thread.join(BOUND)
+        text = log_path.read_text()
+        assert slow == [200]
+        assert "drain.partial" not in text  # (the library logs errors even unconfigured)
+        assert "state=failed" not in text
+    finally:
+        survivors = _end(process, seen, signal.SIGTERM)
+    assert survivors == []
+
+
+def _wait_serving(
+    process: subprocess.Popen[bytes], url: str, log_path: Path, seen: set[int]
+) -> None:
+    deadline = time.monotonic() + BOUND
+    while True:
+        seen.update(_children(process.pid))
+        try:
+            if len(seen) >= 2 and _get(url + "/.forgezero/runtime/live").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None, log_path.read_text()
+        assert time.monotonic() < deadline, log_path.read_text()
+        time.sleep(0.1)
+    time.sleep(1.0)  # both children serving (the second may still be importing the app)
+
+
+def _end(process: subprocess.Popen[bytes], seen: set[int], signum: int) -> list[int]:
+    """Stop the server by its PID, then make sure none of its workers is left (killed now)."""
+    if process.poll() is None:
+        process.send_signal(signum)
+        try:
+            process.wait(BOUND)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(BOUND)
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in seen) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survivors = [pid for pid in seen if alive(pid)]
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    return survivors

@@ -38,6 +38,7 @@ from .._errors import (
 from ..core.drain import DrainController
 from ..core.handoff import StateHandoffController
 from ..wire import paths
+from ..wire.drain import DrainAccepted
 from ._body import discard_body
 from ._types import Message, Receive, Scope, Send
 
@@ -93,8 +94,11 @@ class ControlApp:
         handoff: StateHandoffController[Any] | None = None,
         schedules: Callable[[], object] | None = None,
         loopback_only: bool = False,
+        begin_drain: Callable[[object], DrainAccepted] | None = None,
     ) -> None:
         self._drain = drain
+        #: Begins a drain requested through this control plane (default: ``drain.begin``).
+        self._begin_drain = begin_drain or drain.begin
         self._handoff = handoff
         self._is_ready = is_ready
         self._intake_closed = intake_closed
@@ -179,7 +183,7 @@ class ControlApp:
             )
 
     async def _drain_begin(self, request: Request) -> Response:
-        accepted = self._drain.begin(await _json_body(request))
+        accepted = self._begin_drain(await _json_body(request))
         return _json(accepted.model_dump(), 202)
 
     async def _drain_status(self, request: Request) -> Response:
