@@ -9,26 +9,33 @@ finishes (one file per PID), and every request is judged against those records
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import re
 import signal
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any, Final
 
 import anyio
+import httpx
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port
 from tests.reliability._constants import HANDOFF_TOKEN
 from tests.reliability._jobs import SharedJobs
 from tests.reliability._load import HttpLoad, Router, Target
 from tests.reliability._records import ServerRecords
-from tests.reliability._soak import report, scale
+from tests.reliability._soak import SOAK, report, scale
 from tests.reliability._verify import judge
 
 from .conftest import StartSupervised, Supervised, alive
+from .test_foreign import _children as children_of
 
 pytestmark = [pytest.mark.server, pytest.mark.anyio]
 
@@ -312,3 +319,109 @@ async def test_a_second_sighup_during_a_handover_is_refused(
     await anyio.sleep(0.5)
     assert "handover_begin from=2" not in served.log()
     assert len(served.workers()) == 2
+
+
+def _peer_command(kind: str, port: int) -> list[str]:
+    if kind == "gunicorn":
+        return [
+            sys.executable, "-m", "gunicorn", "tests.serve.reliability_app:app", "-w", "2",
+            "-k", "uvicorn_worker.UvicornWorker", "-b", f"127.0.0.1:{port}",
+            "--graceful-timeout", "20", "--log-level", "warning",
+        ]  # fmt: skip
+    return [
+        sys.executable, "-m", "uvicorn", "tests.serve.reliability_app:app", "--workers", "2",
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+        "--timeout-graceful-shutdown", "20",
+    ]  # fmt: skip
+
+
+@pytest.mark.skipif(not SOAK, reason="the peers are measured in the soak (make soak)")
+@pytest.mark.parametrize("kind", ["gunicorn", "uvicorn"])
+@pytest.mark.timeout(300)
+async def test_peers_under_the_same_load_and_two_reloads(tmp_path: Path, kind: str) -> None:
+    """The same load and two SIGHUP reloads under gunicorn -w 2 and uvicorn --workers 2, for
+    comparison (reported; the peers promise nothing, so only the run itself is checked)."""
+    if kind == "gunicorn":
+        pytest.importorskip("uvicorn_worker", reason="gunicorn's uvicorn worker (dev extra)")
+    port = free_port()
+    records = tmp_path / "worker-records"
+    records.mkdir()
+    log_path = tmp_path / "server.log"
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(PROJECT_ROOT),
+        "FORGEZERO_CONTROL_TOKEN": CONTROL_TOKEN,
+        "FZREL_GENERATION": LABEL,
+        "FZREL_RECORDS": str(records / "{pid}.records"),
+        "FZREL_STREAM_GRACE": "1.0",
+    }
+    process = await anyio.to_thread.run_sync(
+        lambda: _popen(_peer_command(kind, port), environment, log_path)
+    )
+    seen: set[int] = set()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with anyio.fail_after(60):
+            while not await _answers(url):
+                seen.update(children_of(process.pid))
+                await anyio.sleep(0.1)
+        load = _load_at(url, seed=56)
+        async with anyio.create_task_group() as group:
+            group.start_soon(load.run)
+            await anyio.sleep(LOAD_SECONDS)
+            for _ in range(2):
+                process.send_signal(signal.SIGHUP)
+                for _ in range(int(LOAD_SECONDS * 10) + 50):
+                    seen.update(children_of(process.pid))
+                    await anyio.sleep(0.1)
+            load.stop()
+        await _close(load)
+    finally:
+        seen.update(children_of(process.pid))
+        if process.poll() is None:
+            process.terminate()
+            await anyio.to_thread.run_sync(lambda: process.wait(60))
+        for pid in seen:
+            with contextlib.suppress(ProcessLookupError):
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+    per_pid = {
+        int(path.name.split(".")[0]): ServerRecords.read(path) for path in records.glob("*.records")
+    }
+    verdict = judge(load.records, {LABEL: _merged(per_pid)})
+    refused = sum(record.refusals for record in load.records)
+    report(
+        f"peer-handover-{kind}",
+        workers=2,
+        clients=CLIENTS,
+        refused=refused,
+        pids_answering=sum(1 for r in per_pid.values() if r.started),
+        **verdict.counts(),
+    )
+    assert verdict.requests > 0
+
+
+def _popen(command: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            command,
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+async def _answers(url: str) -> bool:
+    try:
+        async with httpx.AsyncClient(trust_env=False, timeout=2) as client:
+            return (await client.get(url + "/fast")).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _load_at(url: str, seed: int) -> HttpLoad:
+    router = Router(Target.open(LABEL, url, CLIENTS + 10))
+    router.standby = Target.open(LABEL, url, CLIENTS + 10)
+    return StaggeredLoad(router, clients=CLIENTS, seed=seed)
