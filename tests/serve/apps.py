@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from forgezero_lifecycle.asgi._types import Scope
+from forgezero_lifecycle.core.scheduler import Scheduler, SchedulerParticipant
 from forgezero_lifecycle.runtime import Runtime
 
 _MODE_FILE = os.environ.get("FZW_MODE_FILE")
@@ -55,6 +56,13 @@ runtime = Runtime(
     revision=os.environ.get("FORGEZERO_REVISION"),
     exempt=_exempt,
 )
+scheduler = Scheduler()
+runtime.add(SchedulerParticipant(scheduler))
+
+
+@scheduler.job(every=3600)
+async def hourly() -> None:
+    """A schedule every worker has (so a generation's status lists it once per worker)."""
 
 
 async def _follow_drains() -> None:
@@ -73,11 +81,13 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
     if MODE == "hang":
         await asyncio.Event().wait()
     follower = asyncio.create_task(_follow_drains())
+    scheduler.start()
     record("started")
     try:
         yield
     finally:
         follower.cancel()
+        await scheduler.stop(timeout=1.0)
 
 
 async def pid(request: Request) -> Response:

@@ -167,11 +167,15 @@ def test_one_failed_worker_fails_the_drain_and_is_named(start_supervised: StartS
 
 
 def test_schedules_status_covers_every_worker(start_supervised: StartSupervised) -> None:
-    """``schedules/v1/status`` is answered for the generation (every worker asked)."""
+    """``schedules/v1/status`` is answered for the generation: each worker's schedules, named."""
     served = start_supervised(workers=2)
+    pids = set(served.workers())
     response = served.get("/.forgezero/runtime/schedules/v1/status", headers=AUTH)
     assert response.status_code == 200
-    assert response.json() == {"schedules": []}
+    schedules = response.json()["schedules"]
+    assert sorted(entry["worker"] for entry in schedules) == [0, 1]
+    assert {entry["pid"] for entry in schedules} == pids
+    assert {entry["name"] for entry in schedules} == {"hourly"}
     assert served.get("/.forgezero/runtime/schedules/v1/status").status_code == 401
 
 
