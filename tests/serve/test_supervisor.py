@@ -193,3 +193,19 @@ def test_sigterm_drains_an_app_whose_runtime_reads_its_revision_from_the_environ
     served.signal(signal.SIGTERM)
     assert served.wait_exit() == 0
     assert "supervisor.stopped drain=drained" in served.log()
+
+
+def test_sigterm_while_the_workers_start_stops_them_all(
+    start_supervised: StartSupervised, tmp_path: Path
+) -> None:
+    """A signal before the first generation is ready: nothing to drain, everything stopped."""
+    mode = tmp_path / "mode"
+    mode.write_text("hang")
+    served = start_supervised(
+        "--start-timeout", "60s", workers=2, env={"FZW_MODE_FILE": str(mode)}, wait=False
+    )
+    served.wait_for(lambda: len(served.workers()) == 2, "two workers started")
+    served.wait_log("Waiting for application startup.")
+    served.signal(signal.SIGTERM)
+    assert served.wait_exit() == 1
+    assert "during the start: stopping" in served.log()

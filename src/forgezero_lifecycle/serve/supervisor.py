@@ -209,6 +209,10 @@ class Supervisor:
 
     def _on_stop_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
+        if self.current is None:  # still starting: nothing serves yet, nothing to drain
+            logger.warning("supervisor.signal signal=%s during the start: stopping", name)
+            self._stopping = self._spawn(self._force())
+            return
         if self._stopping is None:
             logger.info(
                 "supervisor.signal signal=%s: draining within %.1f s",
@@ -301,6 +305,13 @@ class Supervisor:
         return True
 
     async def _hand_over(self, old: Generation) -> bool:
+        try:
+            return await self._try_hand_over(old)
+        except Exception:
+            logger.exception("supervisor.handover_crashed: %r keeps serving", old)
+            return False
+
+    async def _try_hand_over(self, old: Generation) -> bool:
         began = time.monotonic()
         try:
             revision = read_revision(self._options)

@@ -256,7 +256,10 @@ class WorkerAgent:
     async def _report_drain(self, nonce: str) -> None:
         self.notify_state("draining")
         state = await self.runtime.drain.wait()
-        status = self.runtime.drain.status(nonce)
+        try:
+            status = self.runtime.drain.status(nonce)
+        except LifecycleError:
+            return  # rolled back and begun anew meanwhile: the new drain reports for itself
         self.notify_state(
             state, failure=status.failure, inFlight=status.in_flight.model_dump(), nonce=nonce
         )
