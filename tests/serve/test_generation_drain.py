@@ -197,3 +197,17 @@ def test_a_worker_dying_during_the_drain_fails_it(start_supervised: StartSupervi
     assert dead[0]["worker"] in final["detail"]["failedWorkers"]
     served.wait_log(f"pid {victim}) of generation 1 reason=killed by SIGKILL")
     assert len(served.workers()) == 1  # not replaced while its generation drains
+
+
+def test_the_current_drain_is_the_generations(start_supervised: StartSupervised) -> None:
+    """``drain/v1/current`` (no nonce) answers for the generation from any worker."""
+    served = start_supervised("--revision", REVISION, workers=2)
+    current = "/.forgezero/runtime/drain/v1/current"
+    assert served.get(current, headers=AUTH).status_code == 404
+    request = _request()
+    assert served.post(BEGIN, request).status_code == 202
+    for _ in range(10):  # new connections: any worker may answer
+        response = served.get(current, headers=AUTH)
+        assert response.status_code == 200, response.text
+        assert response.json()["nonce"] == request["nonce"]
+        assert len(response.json()["detail"]["workers"]) == 2

@@ -19,7 +19,7 @@ file on the channel, the parent-death signal ``PR_SET_PDEATHSIG`` on Linux, or a
 parent is gone): it then drains itself (or follows the drain begun) and lets ``serve_app`` run
 its stop, which leaves the shared kernel socket to the others.
 
-The drain paths of the control plane (``drain/v1/begin|status|rollback`` and
+The drain paths of the control plane (``drain/v1/begin|status|current|rollback`` and
 ``schedules/v1/status``) are answered for the whole generation: :class:`GenerationControl`
 forwards them to the supervisor, which commands every worker's runtime.
 """
@@ -61,6 +61,7 @@ FORWARDED_PATHS: Final = frozenset(
     {
         paths.RUNTIME_DRAIN_BEGIN_PATH,
         paths.RUNTIME_DRAIN_STATUS_PATH,
+        paths.RUNTIME_DRAIN_CURRENT_PATH,
         paths.RUNTIME_DRAIN_ROLLBACK_PATH,
         paths.RUNTIME_SCHEDULES_STATUS_PATH,
     }
