@@ -31,7 +31,7 @@ from tests.reliability._constants import HANDOFF_TOKEN
 from tests.reliability._jobs import SharedJobs
 from tests.reliability._load import HttpLoad, Router, Target
 from tests.reliability._records import ServerRecords
-from tests.reliability._soak import SOAK, report, scale
+from tests.reliability._soak import report, scale
 from tests.reliability._verify import judge
 
 from .conftest import StartSupervised, Supervised, alive
@@ -328,6 +328,12 @@ def _peer_command(kind: str, port: int) -> list[str]:
             "-k", "uvicorn_worker.UvicornWorker", "-b", f"127.0.0.1:{port}",
             "--graceful-timeout", "20", "--log-level", "warning",
         ]  # fmt: skip
+    if kind == "granian":
+        return [
+            sys.executable, "-m", "granian", "--interface", "asgi", "--workers", "2",
+            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+            "tests.serve.reliability_app:app",
+        ]  # fmt: skip
     return [
         sys.executable, "-m", "uvicorn", "tests.serve.reliability_app:app", "--workers", "2",
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
@@ -335,14 +341,12 @@ def _peer_command(kind: str, port: int) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.skipif(not SOAK, reason="the peers are measured in the soak (make soak)")
-@pytest.mark.parametrize("kind", ["gunicorn", "uvicorn"])
+@pytest.mark.parametrize("kind", ["gunicorn", "uvicorn", "granian"])
 @pytest.mark.timeout(300)
 async def test_peers_under_the_same_load_and_two_reloads(tmp_path: Path, kind: str) -> None:
-    """The same load and two SIGHUP reloads under gunicorn -w 2 and uvicorn --workers 2, for
-    comparison (reported; the peers promise nothing, so only the run itself is checked)."""
-    if kind == "gunicorn":
-        pytest.importorskip("uvicorn_worker", reason="gunicorn's uvicorn worker (dev extra)")
+    """The same load and two SIGHUP reloads under gunicorn -w 2, uvicorn --workers 2 and granian
+    --workers 2, for comparison (reported; the peers promise nothing, so only the run itself is
+    checked)."""
     port = free_port()
     records = tmp_path / "worker-records"
     records.mkdir()
