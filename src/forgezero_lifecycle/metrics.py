@@ -38,7 +38,7 @@ from .core.scheduler import SchedulerParticipant
 from .jobs.worker import JobWorker
 from .wire.drain import WorkCounters
 
-__all__ = ["DURATION_BUCKETS", "PREFIX", "MetricsSource", "RuntimeCollector"]
+__all__ = ["DURATION_BUCKETS", "PREFIX", "MetricsSource", "RuntimeCollector", "merge_expositions"]
 
 PREFIX: Final = "forgezero"
 #: Drain durations, in seconds: a deadline is 100 ms to 10 min.
@@ -204,3 +204,41 @@ class RuntimeCollector(Collector):
         for outcome in ("acknowledged", "failed"):
             outcomes.add_metric([outcome], counts.get(outcome, 0))
         yield outcomes
+
+
+def merge_expositions(expositions: Sequence[tuple[dict[str, str], bytes]]) -> bytes:
+    """One exposition of several processes' scrapes, each sample labelled with its process.
+
+    ``serve --workers N`` answers ``/.forgezero/runtime/metrics`` for the whole generation: every
+    worker's own scrape (text format), with the worker's labels (``worker``, ``pid``) added to
+    each of its samples, grouped by metric family. A dashboard sums them with ``sum without
+    (worker, pid) (...)``.
+    """
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.samples import Sample
+
+    merged: dict[str, Metric] = {}
+    for labels, text in expositions:
+        for family in text_string_to_metric_families(text.decode("utf-8")):
+            into = merged.get(family.name)
+            if into is None:
+                into = merged[family.name] = Metric(family.name, family.documentation, family.type)
+            into.samples.extend(
+                Sample(sample.name, {**sample.labels, **labels}, sample.value, sample.timestamp)
+                for sample in family.samples
+            )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(list(merged.values())))
+    return generate_latest(registry)
+
+
+@final
+class _Fixed(Collector):
+    """A collector of families already made."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return iter(self._families)

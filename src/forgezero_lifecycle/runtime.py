@@ -170,6 +170,10 @@ class Runtime:
         """Seconds after intake closed until WebSockets and streams get the drain notice."""
         return self._stream_grace
 
+    def published_document(self, path: str) -> Document | None:
+        """The opt-in document served at ``path`` (OpenAPI, metrics), or None when not served."""
+        return self._published.get(path)
+
     def add(self, participant: P) -> P:
         """Register memory or durable work (queue, job worker, scheduler) with the drain."""
         if not isinstance(participant, WorkParticipant):

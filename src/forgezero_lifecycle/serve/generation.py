@@ -213,6 +213,8 @@ class Generation:
         """Answer a drain path a worker's control plane forwarded, for the whole generation."""
         if forwarded["path"].rstrip("/") == paths.RUNTIME_SUPERVISOR_RELOAD_PATH:
             return self._reload(forwarded)
+        if forwarded["path"].rstrip("/") == paths.RUNTIME_METRICS_PATH:
+            return await self._metrics(forwarded)
         await self.refresh()
         status, headers, body = await _call_asgi(self.control, forwarded)
         path = forwarded["path"].rstrip("/")
@@ -224,6 +226,29 @@ class Generation:
             body = orjson.dumps(document)
             headers = [(k, v) for k, v in headers if k != "content-length"]
         return {"status": status, "headers": headers, "body": body.decode("latin-1")}
+
+    async def _metrics(self, forwarded: dict[str, Any]) -> dict[str, Any]:
+        """``GET metrics`` (opt-in, no token): every worker's scrape, labelled with its worker."""
+        if forwarded["method"] not in ("GET", "HEAD"):
+            return _json_answer(
+                405, {"error": "RUNTIME_METHOD_NOT_ALLOWED"}, [("allow", "GET, HEAD")]
+            )
+        workers = [worker for worker in self.workers if not worker.exited.is_set()]
+        answers = await asyncio.gather(*(worker.command("metrics") for worker in workers))
+        scraped = [
+            ({"worker": str(worker.index), "pid": str(worker.pid)}, answer["text"].encode())
+            for worker, answer in zip(workers, answers, strict=True)
+            if isinstance(answer.get("text"), str)
+        ]
+        if not scraped:  # the app serves no metrics: the path is unknown, as in one process
+            return _json_answer(404, {"error": "RUNTIME_NOT_FOUND"}, [])
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        from ..metrics import merge_expositions
+
+        body = b"" if forwarded["method"] == "HEAD" else merge_expositions(scraped)
+        headers = [["content-type", CONTENT_TYPE_LATEST]]
+        return {"status": 200, "headers": headers, "body": body.decode("latin-1")}
 
     def _reload(self, forwarded: dict[str, Any]) -> dict[str, Any]:
         """``POST supervisor/v1/reload`` (control token): begin a handover."""
@@ -389,3 +414,13 @@ async def _call_asgi(
     await app(scope, receive, send)
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in start.get("headers", [])]
     return int(start.get("status", 500)), headers, b"".join(chunks)
+
+
+def _json_answer(
+    status: int, body: dict[str, str], headers: list[tuple[str, str]]
+) -> dict[str, Any]:
+    return {
+        "status": status,
+        "headers": [["content-type", "application/json"], *map(list, headers)],
+        "body": orjson.dumps(body).decode("latin-1"),
+    }

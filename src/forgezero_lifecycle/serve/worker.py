@@ -64,6 +64,7 @@ FORWARDED_PATHS: Final = frozenset(
         paths.RUNTIME_DRAIN_CURRENT_PATH,
         paths.RUNTIME_DRAIN_ROLLBACK_PATH,
         paths.RUNTIME_SCHEDULES_STATUS_PATH,
+        paths.RUNTIME_METRICS_PATH,
     }
 )
 #: The reload path exists only under a supervisor (``forgezero-lifecycle reload``).
@@ -245,6 +246,11 @@ class WorkerAgent:
             return {"inFlight": self.runtime.counters().model_dump()}
         if op == "schedules":
             return {"schedules": self.runtime._schedules_status()}
+        if op == "metrics":
+            document = self.runtime.published_document(paths.RUNTIME_METRICS_PATH)
+            if document is None:
+                return {"text": None}
+            return {"text": document()[0].decode("utf-8")}
         if op == "import":
             return await self._import(message["request"], message["timeoutMs"])
         if op == "stop_accepting":
