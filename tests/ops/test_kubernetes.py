@@ -11,6 +11,7 @@ themselves are refused at start-up, which a test here checks too).
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -74,7 +75,7 @@ def test_the_service_selects_both_variants_and_each_deployment_only_its_own() ->
     (service,) = of_kind("Service")
     selector = service["spec"]["selector"].items()
     pods = {name: d["spec"]["template"]["metadata"]["labels"] for name, d in deployments().items()}
-    assert len(pods) == 2
+    assert len(pods) == 3
     for name, deployment in deployments().items():
         assert selector <= pods[name].items(), name
         own = deployment["spec"]["selector"]["matchLabels"].items()
@@ -285,6 +286,36 @@ def test_the_prestop_variant_hook_drains_then_sigterm_exits(pods: dict[str, Pod]
     assert ran.stdout.decode().startswith("drained")
     assert pod.probe("readinessProbe") == 503
     assert pod.probe("livenessProbe") == 200
+    assert pod.process is not None
+    pod.process.send_signal(signal.SIGTERM)
+    assert pod.process.wait(timeout=BOUND) == 0, pod.log()
+
+
+@pytest.mark.server
+def test_the_workers_variant_hook_drains_every_worker_then_sigterm_exits(
+    pods: dict[str, Pod],
+) -> None:
+    """serve --workers as written: the preStop drain reaches both workers; SIGTERM exits 0."""
+    pod = pods["myapp-workers"]
+    pod.start()
+    pod.wait_for(lambda: "supervisor.serving" in pod.log(), "serving")
+    _refuses_another_revision(pod)
+    hook = list(pod.spec["lifecycle"]["preStop"]["exec"]["command"])
+    hook[2] = hook[2].replace(":8000", f":{pod.port}")
+    ran = subprocess.run(
+        [*hook[:2], hook[2] + " --json"],
+        env=pod.env,
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        timeout=BOUND * 3,
+        check=False,
+    )
+    assert ran.returncode == 0, (ran.stdout, ran.stderr, pod.log())
+    status = json.loads(ran.stdout)
+    assert status["status"] == "drained"
+    assert len(status["detail"]["workers"]) == 2
+    assert {worker["status"] for worker in status["detail"]["workers"]} == {"drained"}
+    assert [pod.probe("readinessProbe") for _ in range(10)] == [503] * 10  # every worker
     assert pod.process is not None
     pod.process.send_signal(signal.SIGTERM)
     assert pod.process.wait(timeout=BOUND) == 0, pod.log()
