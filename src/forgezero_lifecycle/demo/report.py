@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from .jobs import JobTally
 from .load import HttpTally, WebSocketTally
+from .same_port import SamePortResult
 
 __all__ = ["HandoffResult", "Report"]
 
@@ -34,6 +35,7 @@ class Report:
     deadline_seconds: float
     handoff: HandoffResult
     exit_codes: dict[str, int | None] = field(default_factory=dict)
+    same_port: SamePortResult | None = None
     elapsed: float = 0.0
 
     @property
@@ -52,6 +54,8 @@ class Report:
         if self.handoff.status != "acknowledged":
             found.append(f"the handoff ended {self.handoff.status} {self.handoff.failure}".strip())
         found.extend(f"{name} exited {code}" for name, code in self.exit_codes.items() if code)
+        if self.same_port is not None:
+            found.extend(self.same_port.problems)
         return found
 
     @property
@@ -109,6 +113,8 @@ class Report:
             f"(deadline {self.deadline_seconds:g} s); exit codes {codes}",
             _RULE,
         ]
+        if self.same_port is not None:
+            lines += [*self.same_port.render(), _RULE]
         if self.nothing_lost:
             lines.append(f"RESULT: nothing lost (the demo took {self.elapsed:.1f} s)")
         else:
