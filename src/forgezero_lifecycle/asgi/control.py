@@ -40,6 +40,7 @@ from ..core.handoff import StateHandoffController
 from ..wire import paths
 from ..wire.drain import DrainAccepted
 from ._body import discard_body
+from ._paths import app_path
 from ._types import Message, Receive, Scope, Send
 
 __all__ = ["MAX_CONTROL_BODY_BYTES", "ControlApp", "status_for"]
@@ -152,10 +153,7 @@ class ControlApp:
         await response(scope, receive, send)
 
     async def _dispatch(self, request: Request) -> Response:
-        path: str = request.scope["path"]  # request.url would decode the raw query string
-        root = request.scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root) :]
+        path = app_path(request.scope)  # request.url would decode the raw query string
         route = self._routes.get(path.rstrip("/") or path)
         if route is None:
             raise ControlPathNotFound(detail="no such control path")

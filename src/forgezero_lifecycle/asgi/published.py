@@ -15,6 +15,7 @@ from typing import final
 import orjson
 
 from ._body import discard_body
+from ._paths import app_path
 from ._types import ASGIApp, Receive, Scope, Send
 
 __all__ = ["Document", "PublishedDocuments"]
@@ -35,11 +36,7 @@ class PublishedDocuments:
         if scope["type"] != "http":
             await self._control(scope, receive, send)
             return
-        path: str = scope["path"]
-        root: str = scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root) :]
-        document = self._documents.get(path)
+        document = self._documents.get(app_path(scope))
         if document is None:
             await self._control(scope, receive, send)
             return

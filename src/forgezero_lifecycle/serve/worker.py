@@ -43,6 +43,7 @@ import uvicorn
 
 from .._errors import LifecycleError
 from ..asgi._body import discard_body
+from ..asgi._paths import app_path
 from ..asgi._types import ASGIApp, Message, Receive, Scope, Send
 from ..asgi.control import MAX_CONTROL_BODY_BYTES
 from ..runtime import Runtime
@@ -99,10 +100,7 @@ class GenerationControl:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path: str = scope["path"]
-        root: str = scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root) :]
+        path = app_path(scope)
         if path.rstrip("/") not in FORWARDED_PATHS and path.rstrip("/") != RELOAD_PATH:
             await self.app(scope, receive, send)
             return
