@@ -219,7 +219,7 @@ class ControlApp:
         return _json_bytes(document, 200)
 
     async def _state_begin(self, request: Request) -> Response:
-        body = await _json_body(request)
+        body = await _json_body(request, _state_body_not_json)
         timeout_ms = body.get("timeoutMs") if isinstance(body, dict) else None
         accepted = self._require_handoff().begin(body, timeout_ms)
         return _json(dict(accepted), 202)
@@ -276,7 +276,18 @@ def _require_direct_loopback(request: Request) -> None:
         )
 
 
-async def _json_body(request: Request) -> object:
+def _drain_body_not_json() -> LifecycleError:
+    return DrainRequestInvalid(detail="the body is not strict UTF-8 JSON")
+
+
+def _state_body_not_json() -> LifecycleError:
+    return StateInputInvalid("RUNTIME_STATE_REQUEST_INVALID", detail="the body is not JSON")
+
+
+async def _json_body(
+    request: Request, not_json: Callable[[], LifecycleError] = _drain_body_not_json
+) -> object:
+    """The body as JSON; one that is not is refused with the error ``not_json`` makes."""
     content_type = request.headers.get("content-type", "")
     if content_type.split(";", 1)[0].strip().lower() != "application/json":
         raise ContentTypeInvalid(detail="send Content-Type: application/json")
@@ -293,13 +304,7 @@ async def _json_body(request: Request) -> object:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
-        raise _invalid_body(request.scope["path"]) from None
-
-
-def _invalid_body(path: str) -> LifecycleError:
-    if "/state/" in path:
-        return StateInputInvalid("RUNTIME_STATE_REQUEST_INVALID", detail="the body is not JSON")
-    return DrainRequestInvalid(detail="the body is not strict UTF-8 JSON")
+        raise not_json() from None
 
 
 def _error(error: LifecycleError) -> Response:

@@ -276,9 +276,7 @@ class DrainController:
             else:
                 deadline.result()
                 raise DrainFailed("RUNTIME_DRAIN_TIMEOUT")
-        except asyncio.CancelledError:
-            raise
-        except Exception as cause:
+        except Exception as cause:  # CancelledError is a BaseException: a rollback passes
             self._finish("failed", _failure_text(cause))
         finally:
             for future in (work, deadline):
