@@ -34,8 +34,8 @@ from ._errors import (
 )
 from .client import ControlClient, drain_request, handoff_request
 from .wire import paths
-from .wire._types import is_nonce
-from .wire.drain import DrainStatus
+from .wire._types import first_problem, is_nonce
+from .wire.drain import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainStatus
 from .wire.handoff import StateHandoffStatus
 
 __all__ = ["EXIT_FAILED", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "main"]
@@ -74,9 +74,13 @@ def _nonce(text: str) -> str:
 
 
 def _timeout_ms(seconds: float) -> int:
-    if not 0.1 <= seconds <= 600:
-        raise UsageError(f"--timeout must be between 100ms and 10m, got {seconds:g}s")
-    return round(seconds * 1000)
+    timeout_ms = round(seconds * 1000)
+    if not MIN_DRAIN_TIMEOUT_MS <= timeout_ms <= MAX_DRAIN_TIMEOUT_MS:
+        raise UsageError(
+            f"--timeout must be between {MIN_DRAIN_TIMEOUT_MS}ms and "
+            f"{MAX_DRAIN_TIMEOUT_MS // 60_000}m, got {seconds:g}s"
+        )
+    return timeout_ms
 
 
 def read_token(env: str, path: Path | None, flag: str, *, handoff: bool = False) -> str:
@@ -283,9 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         return _fail(EXIT_USAGE, str(error))
     except ValidationError as error:  # never str(error): it would echo the input values
-        problem = error.errors(include_url=False, include_input=False)[0]
-        where = ".".join(str(part) for part in problem["loc"])
-        return _fail(EXIT_USAGE, f"invalid {where}: {problem['msg']}")
+        return _fail(EXIT_USAGE, f"invalid {first_problem(error)}")
     except LifecycleError as error:
         return _fail(_exit_code(error), str(error))
     except TimeoutError:

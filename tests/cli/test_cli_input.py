@@ -137,3 +137,16 @@ def test_server_text_reaches_the_terminal_without_control_characters(
 @pytest.fixture
 def tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FORGEZERO_CONTROL_TOKEN", CONTROL_TOKEN)
+
+
+@pytest.mark.parametrize("timeout", ["50ms", "11m"])
+def test_a_drain_timeout_outside_the_protocols_bounds_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, timeout: str
+) -> None:
+    """--timeout is checked against the wire's timeoutMs bounds before anything is sent."""
+    monkeypatch.setenv("FORGEZERO_CONTROL_TOKEN", CONTROL_TOKEN)
+    revisions = ("--source-revision", REVISION_A, "--target-revision", REVISION_B)
+    url = f"http://127.0.0.1:{free_port()}"  # nobody listens: a request would be exit 3
+    result = run(capsys, "drain", "--url", url, *revisions, "--timeout", timeout)
+    assert result.code == 2
+    assert "--timeout must be between 100ms and 10m" in result.err

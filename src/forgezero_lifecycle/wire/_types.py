@@ -16,7 +16,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, TypeGuard
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, StrictStr, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    StrictStr,
+    ValidationError,
+    WithJsonSchema,
+)
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -27,6 +34,7 @@ __all__ = [
     "Nonce",
     "Revision",
     "SafeInt",
+    "first_problem",
     "is_nonce",
     "is_revision",
     "matching",
@@ -99,3 +107,10 @@ def is_revision(value: object) -> TypeGuard[str]:
 SafeInt = Annotated[int, BeforeValidator(safe_int)]
 Nonce = Annotated[StrictStr, matching(NONCE_PATTERN), pattern_schema(NONCE_PATTERN)]
 Revision = Annotated[StrictStr, matching(REVISION_PATTERN), pattern_schema(REVISION_PATTERN)]
+
+
+def first_problem(error: ValidationError) -> str:
+    """``where: what`` of a validation error's first problem, never the input it was given."""
+    problem = error.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in problem["loc"]) or "body"
+    return f"{where}: {problem['msg']}"

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from .._errors import DrainCountersInvalid, DrainRequestInvalid
-from ._types import WIRE_CONFIG, Nonce, Revision, SafeInt, safe_int
+from ._types import WIRE_CONFIG, Nonce, Revision, SafeInt, first_problem, safe_int
 
 __all__ = [
     "DRAIN_PROTOCOL",
@@ -106,7 +106,7 @@ def parse_drain_request(data: object) -> DrainRequest:
     try:
         return DrainRequest.model_validate(data, by_alias=True, by_name=False)
     except ValidationError as error:
-        raise DrainRequestInvalid(detail=_first_problem(error)) from None
+        raise DrainRequestInvalid(detail=first_problem(error)) from None
 
 
 def parse_rollback_request(data: object) -> RollbackRequest:
@@ -115,7 +115,7 @@ def parse_rollback_request(data: object) -> RollbackRequest:
     try:
         return RollbackRequest.model_validate(data)
     except ValidationError as error:
-        raise DrainRequestInvalid(detail=_first_problem(error)) from None
+        raise DrainRequestInvalid(detail=first_problem(error)) from None
 
 
 _COUNTER_KINDS: Final = ("http", "websocket", "jobs", "schedules")
@@ -137,9 +137,3 @@ def validate_counters(value: Any) -> WorkCounters:
             raise DrainCountersInvalid(detail=f"counter {kind!r} is not an integer ≥ 0")
         counts[kind] = count
     return WorkCounters(**counts)
-
-
-def _first_problem(error: ValidationError) -> str:
-    problem = error.errors(include_url=False, include_input=False)[0]
-    where = ".".join(str(part) for part in problem["loc"]) or "body"
-    return f"{where}: {problem['msg']}"
