@@ -77,7 +77,7 @@ async def test_one_drain_logs_each_phase_once_in_order(caplog: pytest.LogCapture
     await settle()
     records = events(caplog)
     await worker.stop(timeout=0)
-    assert [r.event for r in records] == [  # type: ignore[attr-defined]
+    assert [r.event for r in records] == [
         "drain.begin",
         "drain.readiness_off",
         "drain.intake_closed",
@@ -93,8 +93,8 @@ async def test_one_drain_logs_each_phase_once_in_order(caplog: pytest.LogCapture
         "target_revision": TARGET,
         "timeout_ms": 10_000,
     }
-    assert readiness.not_ready_grace_s == 1.0  # type: ignore[attr-defined]
-    assert closed.elapsed_s == 1.0  # type: ignore[attr-defined]
+    assert readiness.not_ready_grace_s == 1.0
+    assert closed.elapsed_s == 1.0
     assert fields(notice, "http", "websocket", "elapsed_s") == {
         "http": 0,
         "websocket": 1,
@@ -106,10 +106,10 @@ async def test_one_drain_logs_each_phase_once_in_order(caplog: pytest.LogCapture
         "released": 1,
         "pending": False,
     }
-    assert drained.nonce_prefix == NONCE[:8]  # type: ignore[attr-defined]
-    assert rollback.rolled_from == "drained"  # type: ignore[attr-defined]
+    assert drained.nonce_prefix == NONCE[:8]
+    assert rollback.rolled_from == "drained"
     for record in records:
-        assert record.getMessage().startswith(record.event + " ")  # type: ignore[attr-defined]
+        assert record.getMessage().startswith(record.event + " ")
         assert NONCE not in record.getMessage()
         assert TOKEN not in record.getMessage()
 
@@ -132,7 +132,7 @@ async def test_a_failed_drain_logs_its_failure_and_what_was_left(
         }
     )
     await clock.advance(1.0)
-    failed = [r for r in events(caplog) if r.event == "drain.failed"]  # type: ignore[attr-defined]
+    failed = [r for r in events(caplog) if r.event == "drain.failed"]
     assert len(failed) == 1
     assert failed[0].levelno == logging.WARNING
     assert fields(failed[0], "failure", "http", "websocket", "elapsed_s") == {
@@ -162,14 +162,14 @@ async def test_a_handoff_logs_export_begin_fetched_and_acknowledged(
         status = await asyncio.wait_for(new.wait(body["nonce"]), 10)
     assert status.status == "acknowledged"
     records = events(caplog)
-    assert [r.event for r in records] == [  # type: ignore[attr-defined]
+    assert [r.event for r in records] == [
         "handoff.exported",
         "handoff.begin",
         "handoff.fetched",
         "handoff.acknowledged",
     ]
-    assert records[0].bytes == len(document)  # type: ignore[attr-defined]
-    assert records[3].digest == status.digest  # type: ignore[attr-defined]
+    assert records[0].bytes == len(document)
+    assert records[3].digest == status.digest
     for record in records:
         text = record.getMessage() + repr(record.__dict__)
         assert "-secret-marker" not in text

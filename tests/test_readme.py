@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from forgezero_lifecycle.wire.drain import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS
 
@@ -57,7 +55,6 @@ def _local_postgres_answers() -> bool:
     return True
 
 
-@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_test_uses_the_local_postgres_when_one_answers() -> None:
     """Unset FORGEZERO_TEST_POSTGRES_DSN: the local server when it answers, else none (skip)."""
     env = {k: v for k, v in os.environ.items() if k != "FORGEZERO_TEST_POSTGRES_DSN"}

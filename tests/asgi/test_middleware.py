@@ -377,7 +377,7 @@ async def test_app_send_blocked_during_a_drain_raises_an_oserror_at_the_cutoff()
     await settle()
     await call
     assert [type(e) for e in raised] == [ConnectionClosedByDrain, ConnectionClosedByDrain]
-    assert raised[0].code == "RUNTIME_DRAIN_CONNECTION_ABANDONED"  # type: ignore[attr-defined]
+    assert raised[0].code == "RUNTIME_DRAIN_CONNECTION_ABANDONED"
     assert client.blocked == 1
     assert gate.counters()["http"] == 0
 

@@ -145,7 +145,7 @@ def test_a_served_app_scraped_during_a_drain_shows_the_gauges_move_and_return_to
             websocket.recv(timeout=10)
         assert websocket.close_code == 1012
     served.join()
-    assert slow[0].status_code == 200  # type: ignore[union-attr]
+    assert slow[0].status_code == 200
     assert refused.status_code == 503
 
     assert _get(during, "forgezero_drain_state", state="draining") == 1.0

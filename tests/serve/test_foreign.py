@@ -65,7 +65,7 @@ def _children(parent: int) -> list[int]:
 def _get(url: str, **options: object) -> httpx.Response:
     return httpx.get(
         url, timeout=5, trust_env=False, headers={"connection": "close", **AUTH}, **options
-    )  # type: ignore[arg-type]
+    )
 
 
 @pytest.mark.parametrize("kind", ["uvicorn", "hypercorn", "gunicorn"])
@@ -73,8 +73,6 @@ def test_a_drain_of_one_foreign_worker_fails_and_names_its_sibling(
     kind: str, tmp_path: Path
 ) -> None:
     """Never ``drained`` for part of a server: failed, with the sibling's PID in ``detail``."""
-    if kind == "gunicorn":
-        pytest.importorskip("uvicorn_worker", reason="gunicorn's uvicorn worker (dev extra)")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "server.log"
@@ -119,8 +117,6 @@ def test_sigterm_reaches_every_foreign_worker_and_each_drains_in_full(
     kind: str, tmp_path: Path
 ) -> None:
     """A signal is not a partial drain: the parent passes it to every worker, each drains."""
-    if kind == "gunicorn":
-        pytest.importorskip("uvicorn_worker", reason="gunicorn's uvicorn worker (dev extra)")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "server.log"

@@ -12,6 +12,8 @@ import pytest
 
 from forgezero_lifecycle.serve.sockets import accept_queue_length, refuse_new_connections
 
+# The filter and the queue length exist on Linux only (elsewhere the helpers return False/None,
+# which the last test checks on every platform); CI runs on Linux, where these always run.
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="SO_ATTACH_FILTER is Linux's")
 
 

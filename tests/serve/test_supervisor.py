@@ -129,7 +129,7 @@ def test_sigint_and_sigterm_sent_to_a_worker_are_the_supervisors_to_command(
 
 def _try(call: object) -> object:
     try:
-        return call()  # type: ignore[operator]
+        return call()
     except httpx.HTTPError as error:
         return error
 
