@@ -8,8 +8,8 @@ the first failing check names the error:
   (``RUNTIME_STATE_EXPORT_TOO_LARGE``);
 * open (import): the envelope's fields and the value against its model
   (``RUNTIME_STATE_ENVELOPE_INVALID``), canonical JSON (``RUNTIME_STATE_VALUE_INVALID``), the
-  digest (``RUNTIME_STATE_DIGEST_MISMATCH``), then the size (port rule D8,
-  ``RUNTIME_STATE_ENVELOPE_TOO_LARGE``), so a state that exports also imports.
+  digest (``RUNTIME_STATE_DIGEST_MISMATCH``), then the canonical size
+  (``RUNTIME_STATE_ENVELOPE_TOO_LARGE``), so a state that exports also imports.
 
 Port rules D1-D9 are listed in ``tests/conformance/vectors.json``, ``meta.format_notes.port_rules``.
 """

@@ -183,7 +183,7 @@ class _Inflater:
 
 
 def parse_document(body: bytes) -> dict[str, Any]:
-    """Decode a body strictly (port rule D6) and return its top-level JSON object."""
+    """Decode a body strictly (UTF-8, strict JSON) and return its top-level JSON object."""
     if body.startswith(_BOM):
         body = body[len(_BOM) :]
     try:

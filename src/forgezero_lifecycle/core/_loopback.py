@@ -9,11 +9,11 @@ carries no username, password or fragment, and its hostname is ``127.0.0.1``, ``
 accepted, and the string fetched is the serialisation (``http://127.0.0.1/``...).
 
 This module implements the WHATWG URL standard's basic URL parser for the one scheme it needs
-(``http``, a special scheme, with no base URL): trimming, scheme, authority, userinfo, host
-(in :mod:`._url_host`), port, path with dot segments, query and fragment percent-encoding,
-and serialisation. Any input the
-standard rejects, any other scheme and any host that does not serialise to one of the three
-loopback names raise :class:`StateInputInvalid` ``RUNTIME_STATE_SOURCE_INVALID`` (port rule D7).
+(``http``, a special scheme, with no base URL): trimming, scheme, authority, userinfo, host (in
+:mod:`._url_host`), port, path with dot segments, query and fragment percent-encoding, and
+serialisation. Any input the standard rejects, any other scheme and any host that does not serialise
+to one of the three loopback names raise :class:`StateInputInvalid`
+``RUNTIME_STATE_SOURCE_INVALID``, a code, never the parser's text.
 
 Port rules D1-D9 are listed in ``tests/conformance/vectors.json``, ``meta.format_notes.port_rules``.
 """

@@ -9,7 +9,7 @@ points:
   is unencodable).
 * :func:`load` builds the typed value handed to ``import_state``: the model validates the
   *canonical JSON* of the value in strict JSON mode, so what the exporter checked is exactly what
-  the importer receives ("a state that exports must import", port rule D8) and no silent
+  the importer receives ("a state that exports must import") and no silent
   coercion (``"7"`` for ``7``) happens on the way in.
 
 Port rules D1-D9 are listed in ``tests/conformance/vectors.json``, ``meta.format_notes.port_rules``.
@@ -32,7 +32,7 @@ __all__ = ["accepts", "adapter_int", "dumped", "failure_text", "load", "refuse_s
 M = TypeVar("M", bound=BaseModel)
 
 _SECRET_TYPES: Final = (SecretStr, SecretBytes, Secret)
-#: Port rule D9.
+#: A failure text is cut to this many code points (never inside a surrogate pair).
 _FAILURE_CODE_POINTS: Final = 128
 
 

@@ -247,7 +247,7 @@ class DrainController:
     def _start(self, timeout_ms: int) -> None:
         # The dependencies are called here, synchronously and in the JavaScript module's order, so
         # that the intake is closed when begin() returns; a dependency that throws fails the drain
-        # (D3) and no later dependency is called.
+        # (RUNTIME_DRAIN_FAILED, its message not reported) and no later dependency is called.
         started: list[Awaitable[None]] = []
         try:
             self._deps.drain_requests()

@@ -3,7 +3,7 @@
 The original is the JavaScript `@forgezero/runtime` lifecycle module.
 
 The JavaScript module validates with JavaScript ``RegExp.test`` and ``Number.isSafeInteger``. The
-port keeps the same patterns and ranges but refuses values of the wrong JSON type (port rule D1): a
+port keeps the same patterns and ranges but refuses values of the wrong JSON type (strict types): a
 nonce wrapped in an array, ``true`` for a number, ``"100"`` for a number. Integral floats
 (``100.0``, ``1e2``) are integers, as in JavaScript. Patterns match the whole string
 (``re.fullmatch``), since Python's ``$`` also matches before a final newline.
@@ -48,7 +48,7 @@ NONCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{43}")
 REVISION_PATTERN = re.compile(r"[a-f0-9]{40}")
 
 #: Every wire model: camelCase on the wire, snake_case in Python, immutable, unknown fields
-#: ignored and never echoed (port rule D2).
+#: ignored and never echoed (a retry that differs only in them is still a duplicate).
 WIRE_CONFIG = ConfigDict(
     alias_generator=to_camel,
     validate_by_name=True,

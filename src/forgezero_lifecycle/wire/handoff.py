@@ -57,8 +57,9 @@ AUTHORIZATION_PATTERN: Final = re.compile(r"Bearer [A-Za-z0-9_-]{43}")
 
 #: Hard ceiling of an adapter's ``maximum_bytes`` (1 MiB).
 MAX_STATE_BYTES: Final = 1_048_576
-#: Port rule D8: the raw (decoded) HTTP body may exceed ``maximum_bytes`` by this much (whitespace,
-#: key order, escapes written differently), since the limit applies to the canonical form.
+#: The size bound is the canonical form's: the raw (decoded) HTTP body may exceed ``maximum_bytes``
+#: by this much (whitespace, key order, escapes written differently), since the limit applies to the
+#: canonical form.
 SOURCE_SLACK_BYTES: Final = 4096
 MAX_SCHEMA_VERSION: Final = 65_535
 
