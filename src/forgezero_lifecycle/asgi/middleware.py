@@ -43,7 +43,6 @@ from ..core.gate import IntakeGate
 from ..core.signal_drain import SignalDrain
 from ..wire.paths import CONTROL_PREFIX
 from ._body import discard_body
-from ._paths import app_path
 from ._types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["InFlightMiddleware"]
@@ -101,7 +100,12 @@ class InFlightMiddleware:
             return
         if self._signals is not None and self._signals.pending:
             self._signals.install()  # the server runs without lifespan: hook on the first request
-        if app_path(scope).startswith(CONTROL_PREFIX):
+        # asgi._paths.app_path, inlined: this runs on every request.
+        path: str = scope["path"]
+        root: str = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        if path.startswith(CONTROL_PREFIX):
             await (self._control or self.app)(scope, receive, send)
             return
         if self._exempt is not None and self._exempt(scope):
