@@ -68,13 +68,9 @@ def _get(url: str, **options: object) -> httpx.Response:
     )
 
 
-@pytest.mark.parametrize("kind", ["uvicorn", "hypercorn", "gunicorn"])
-def test_a_drain_of_one_foreign_worker_fails_and_names_its_sibling(
-    kind: str, tmp_path: Path
-) -> None:
-    """Never ``drained`` for part of a server: failed, with the sibling's PID in ``detail``."""
+def _start(kind: str, tmp_path: Path) -> tuple[str, Path, subprocess.Popen[bytes]]:
+    """The foreign server ``kind`` with two workers on a free port: (url, log, process)."""
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "server.log"
     environment = {**os.environ, "FORGEZERO_CONTROL_TOKEN": CONTROL_TOKEN}
     environment["PYTHONPATH"] = str(PROJECT_ROOT)
@@ -87,6 +83,15 @@ def test_a_drain_of_one_foreign_worker_fails_and_names_its_sibling(
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+    return f"http://127.0.0.1:{port}", log_path, process
+
+
+@pytest.mark.parametrize("kind", ["uvicorn", "hypercorn", "gunicorn"])
+def test_a_drain_of_one_foreign_worker_fails_and_names_its_sibling(
+    kind: str, tmp_path: Path
+) -> None:
+    """Never ``drained`` for part of a server: failed, with the sibling's PID in ``detail``."""
+    url, log_path, process = _start(kind, tmp_path)
     seen: set[int] = set()
     try:
         _wait_serving(process, url, log_path, seen)
@@ -117,20 +122,7 @@ def test_sigterm_reaches_every_foreign_worker_and_each_drains_in_full(
     kind: str, tmp_path: Path
 ) -> None:
     """A signal is not a partial drain: the parent passes it to every worker, each drains."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path / "server.log"
-    environment = {**os.environ, "FORGEZERO_CONTROL_TOKEN": CONTROL_TOKEN}
-    environment["PYTHONPATH"] = str(PROJECT_ROOT)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            _command(kind, port),
-            cwd=PROJECT_ROOT,
-            env=environment,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    url, log_path, process = _start(kind, tmp_path)
     seen: set[int] = set()
     try:
         _wait_serving(process, url, log_path, seen)
