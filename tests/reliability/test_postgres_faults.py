@@ -179,7 +179,7 @@ async def test_worker_recovers_when_postgres_drops_its_connection_mid_claim(
     )
     assert database.mid_claim_kills == MID_CLAIM_KILLS
     assert statistics.last_error is not None, "no drop reached the worker"
-    assert await store.stats() == JobStats(done=JOBS)
+    assert await _stats(store) == JobStats(done=JOBS)  # the last random drops may be pooled
     assert len(effects) == JOBS
     assert set(effects.values()) == {1}
 
