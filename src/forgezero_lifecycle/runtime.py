@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 from starlette.applications import Starlette
 
-from ._clock import Clock, SystemClock
+from ._clock import Clock, SystemClock, first
 from ._errors import ConfigurationError, DrainFailed
 from ._events import emit
 from ._tokens import check_token_pair
@@ -315,7 +315,7 @@ class Runtime:
             raise DrainFailed("RUNTIME_DRAIN_FAILED", detail="a drain of part of a server")
         await self._closed.wait()
         notice_after = min(self._stream_grace, self._remaining() / 2)
-        if await _first(self.gate.wait_idle(), self._clock.sleep(notice_after)):
+        if not (await first(self.gate.wait_idle(), self._clock.sleep(notice_after))).cancelled():
             return
         emit(
             logger,
@@ -326,7 +326,7 @@ class Runtime:
         )
         self.gate.end_streams()
         cutoff_after = max(0.0, self._remaining() - self._release_margin())
-        if await _first(self.gate.wait_idle(), self._clock.sleep(cutoff_after)):
+        if not (await first(self.gate.wait_idle(), self._clock.sleep(cutoff_after))).cancelled():
             return
         # The same margin as durable jobs: sends still blocked by clients that do not read are
         # given up now, so those connections are counted out before the deadline.
@@ -445,16 +445,3 @@ def _check_signal_options(drain_on_signal: object, timeout: object) -> None:
         raise ConfigurationError(
             detail=f"signal_drain_timeout must be {low:g} to {high:g} seconds, not {timeout!r}"
         )
-
-
-async def _first(primary: Coroutine[Any, Any, None], timer: Coroutine[Any, Any, None]) -> bool:
-    """Run both; True when ``primary`` finished first. The other one is cancelled."""
-    primary_task = asyncio.ensure_future(primary)
-    timer_task = asyncio.ensure_future(timer)
-    try:
-        await asyncio.wait((primary_task, timer_task), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        timer_task.cancel()
-        if not primary_task.done():
-            primary_task.cancel()
-    return primary_task.done() and not primary_task.cancelled()

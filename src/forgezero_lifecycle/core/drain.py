@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, final
 
-from .._clock import Clock, SystemClock
+from .._clock import Clock, SystemClock, first
 from .._errors import DrainConflict, DrainFailed, DrainNotFound, LifecycleError
 from .._events import emit, nonce_prefix
 from ..wire._types import is_nonce
@@ -265,25 +265,17 @@ class DrainController:
 
     async def _race(self, work: asyncio.Future[None], deadline: asyncio.Future[None]) -> None:
         try:
-            done, _ = await asyncio.wait({work, deadline}, return_when=asyncio.FIRST_COMPLETED)
-            if work in done:
-                if work.exception() is not None:
-                    raise DrainFailed("RUNTIME_DRAIN_FAILED") from work.exception()
-                counters = validate_counters(self._deps.work_counters())
-                if not counters.idle:
-                    raise DrainFailed("RUNTIME_DRAIN_NOT_IDLE")
-                self._finish("drained", None)
-            else:
-                deadline.result()
+            outcome = await first(work, deadline)  # a deadline that raises fails with its error
+            if outcome.cancelled():
                 raise DrainFailed("RUNTIME_DRAIN_TIMEOUT")
+            if outcome.exception() is not None:
+                raise DrainFailed("RUNTIME_DRAIN_FAILED") from outcome.exception()
+            counters = validate_counters(self._deps.work_counters())
+            if not counters.idle:
+                raise DrainFailed("RUNTIME_DRAIN_NOT_IDLE")
+            self._finish("drained", None)
         except Exception as cause:  # CancelledError is a BaseException: a rollback passes
             self._finish("failed", _failure_text(cause))
-        finally:
-            for future in (work, deadline):
-                if not future.done():
-                    future.cancel()
-                elif not future.cancelled():
-                    future.exception()  # mark retrieved
 
     def statistics(self) -> DrainStatistics:
         """Counts of drains begun and ended by outcome, their durations, and the state now."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast, final
 
 from pydantic import BaseModel, ValidationError
 
-from .._clock import Clock, SystemClock
+from .._clock import Clock, SystemClock, first
 from .._errors import (
     LifecycleError,
     StateConflict,
@@ -274,14 +274,7 @@ class StateHandoffController(Generic[T]):
 
     async def _within(self, work: Awaitable[R], seconds: float) -> R:
         """``work`` raced against the clock; on the deadline it is cancelled and awaited."""
-        task = asyncio.ensure_future(work)
-        timer = asyncio.ensure_future(self._clock.sleep(seconds))
-        try:
-            await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            timer.cancel()
-            task.cancel()
-            await asyncio.wait({task, timer})
+        task = await first(work, self._clock.sleep(seconds))
         if task.cancelled():
             raise StateTransferFailed("RUNTIME_STATE_TIMEOUT")
         return task.result()

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import TypeVar, TypeVarTuple, final
 
-from .._clock import Clock, SystemClock
+from .._clock import Clock, SystemClock, wait_event
 from .._errors import (
     ConfigurationError,
     QueueIntakePausedError,
@@ -86,21 +86,6 @@ class _Lane:
         self.waiters: deque[asyncio.Future[None]] = deque()
         self.running = False
         self.ready = False  # listed in KeyedQueue._ready
-
-
-async def wait_event(event: asyncio.Event, clock: Clock, timeout: float) -> bool:
-    """Wait until ``event`` is set or ``timeout`` seconds pass on ``clock``; True if set."""
-    if event.is_set():
-        return True
-    waiter = asyncio.ensure_future(event.wait())
-    sleeper = asyncio.ensure_future(clock.sleep(max(timeout, 0.0)))
-    try:
-        await asyncio.wait((waiter, sleeper), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-        sleeper.cancel()
-        await asyncio.wait((waiter, sleeper))  # both are owned here until they are done
-    return event.is_set()
 
 
 @final

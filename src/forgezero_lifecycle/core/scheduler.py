@@ -32,10 +32,9 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal, Self, TypeVar, final
 
-from .._clock import Clock, SystemClock
+from .._clock import Clock, SystemClock, wait_event
 from .._errors import ScheduleIntakePaused, ScheduleInvalid, ScheduleNotFound
 from .participant import ParticipantKind
-from .queue import wait_event
 
 __all__ = ["ScheduledJobStatus", "Scheduler", "SchedulerParticipant", "SchedulerStatus"]
 

@@ -14,11 +14,10 @@ import contextlib
 import logging
 from typing import Any, Generic, final
 
-from .._clock import Clock
 from .._errors import JobStoreError, LeaseLostError
 from .store import ConnT, JobStore, Lease
 
-__all__ = ["CompletionBatcher", "wait_event_or_sleep"]
+__all__ = ["CompletionBatcher"]
 
 logger = logging.getLogger("forgezero_lifecycle.jobs")
 
@@ -26,24 +25,6 @@ logger = logging.getLogger("forgezero_lifecycle.jobs")
 MAX_BATCH = 256
 
 _Item = tuple[Lease[ConnT], Any, "asyncio.Future[None]"]
-
-
-async def wait_event_or_sleep(event: asyncio.Event, seconds: float, clock: Clock) -> None:
-    """Return when ``event`` is set or ``seconds`` passed on ``clock``, whichever is first."""
-    if event.is_set():
-        return
-    if seconds <= 0:
-        await asyncio.sleep(0)
-        return
-    waiter = asyncio.ensure_future(event.wait())
-    sleeper = asyncio.ensure_future(clock.sleep(seconds))
-    try:
-        await asyncio.wait((waiter, sleeper), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-        sleeper.cancel()
-        # Reap both so neither is left pending (or warned about) after we return.
-        await asyncio.gather(waiter, sleeper, return_exceptions=True)
 
 
 @final

@@ -29,10 +29,10 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Generic, Literal, TypeVar, final
 
-from .._clock import Clock, SystemClock
+from .._clock import Clock, SystemClock, wait_event
 from .._errors import ConfigurationError, JobStateError
 from .._events import emit
-from ._batcher import CompletionBatcher, wait_event_or_sleep
+from ._batcher import CompletionBatcher
 from ._runner import Handler, JobRunner, WorkerStats
 from .store import ConnT, JobStore, exponential_backoff
 
@@ -181,7 +181,7 @@ class JobWorker(Generic[ConnT]):
                 logger.debug("jobs.drain.released_raced owner=%s count=%d", self._owner, raced)
 
     async def _wait(self, event: asyncio.Event, until: float) -> None:
-        await wait_event_or_sleep(event, until - self._clock.monotonic(), self._clock)
+        await wait_event(event, self._clock, until - self._clock.monotonic())
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -251,7 +251,7 @@ class JobWorker(Generic[ConnT]):
                 await self._sweep()
             self._wake.clear()
             if not await self._claim(free) and not self._paused:
-                await wait_event_or_sleep(self._wake, self._idle_interval, self._clock)
+                await wait_event(self._wake, self._clock, self._idle_interval)
 
     async def _sweep(self) -> None:
         try:
