@@ -30,6 +30,7 @@ MODULES: Final = (
     "drain_latency",
     "canonical",
     "handoff",
+    "handover",
     "jobs",
     "jobs_peer",
     "memory",

@@ -1,0 +1,324 @@
+"""Same-port handover under load: ``serve --workers 2`` next to gunicorn, uvicorn and granian.
+
+One host, one port, no router. The demo app (``forgezero_lifecycle.demo.app``, the runtime in
+it) runs under each server with two worker processes while ``CLIENTS`` keep-alive clients
+(``forgezero_lifecycle.demo.load``: fast, slow and streaming requests) keep sending to that one
+port; then the server gets a SIGHUP, the reload each of them documents:
+
+* ``forgezero-lifecycle serve --workers 2``: generation 2 starts on the same socket and proves it
+  is ready, then generation 1 stops accepting and drains;
+* gunicorn ``-w 2 -k uvicorn_worker.UvicornWorker``: new workers, then the old ones get SIGTERM
+  (the runtime in the app drains on it);
+* ``uvicorn --workers 2``: the workers are restarted one by one;
+* granian ``--workers 2``: the workers are reloaded.
+
+A request the server refused (a 503 ``RUNTIME_DRAINING`` or a refused connection: never
+processed, so the client sent it again) counts as *refused*; one that got no answer, a cut
+stream or another error counts as *lost*. Each round runs every server once, in a rotating
+order, in fresh processes; the figures are per handover. Targets: ``serve`` loses and refuses
+nothing in every round. The peers promise nothing: their rows are comparisons. A peer that is
+not installed (``pip install -e '.[bench]'``; ``make bench`` does) is a row saying so.
+
+Run ``python -m bench.handover [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import os
+import secrets
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+
+from bench._report import not_run, print_table, row
+from forgezero_lifecycle.demo.load import HttpTally, Router, Target, run_http_client
+from forgezero_lifecycle.demo.processes import free_port, revision_of
+
+__all__ = ["run"]
+
+APP: Final = "forgezero_lifecycle.demo.app:app"
+CLIENTS: Final = 20
+#: Load before the SIGHUP and after the handover, in seconds.
+STEADY: Final = 3.0
+#: How long the peers are given after their SIGHUP (they log no "handover done" line).
+PEER_RELOAD: Final = 8.0
+BOUND: Final = 60.0
+COMMAND: Final = ".venv/bin/python -m bench.handover"
+#: Each server: its module (to tell whether it is installed) and its command line.
+SERVERS: Final = {
+    "serve": "forgezero_lifecycle",
+    "gunicorn": "uvicorn_worker",
+    "uvicorn": "uvicorn",
+    "granian": "granian",
+}
+_LABELS: Final = {
+    "serve": "forgezero-lifecycle serve --workers 2",
+    "gunicorn": "gunicorn -w 2 (UvicornWorker)",
+    "uvicorn": "uvicorn --workers 2",
+    "granian": "granian --workers 2",
+}
+
+
+@dataclass
+class Handover:
+    """What the clients of the one port saw across one handover."""
+
+    sent: int
+    lost: int
+    refused: int
+    seconds: float | None
+    problems: list[str]
+    #: Whether the worker processes after the reload were all new ones.
+    replaced: bool
+
+
+def _command(kind: str, port: int, revision_file: Path) -> list[str]:
+    where = ["--host", "127.0.0.1", "--port", str(port)]
+    if kind == "serve":
+        return [
+            sys.executable, "-m", "forgezero_lifecycle", "serve", APP, "--workers", "2", *where,
+            "--revision-file", str(revision_file), "--drain-timeout", "5s",
+            "--log-level", "info", "--no-access-log",
+        ]  # fmt: skip
+    if kind == "gunicorn":
+        return [
+            sys.executable, "-m", "gunicorn", APP, "-w", "2",
+            "-k", "uvicorn_worker.UvicornWorker", "-b", f"127.0.0.1:{port}",
+            "--graceful-timeout", "20", "--log-level", "warning",
+        ]  # fmt: skip
+    if kind == "granian":
+        return [
+            sys.executable, "-m", "granian", "--interface", "asgi", "--workers", "2", *where,
+            "--log-level", "warning", APP,
+        ]  # fmt: skip
+    return [
+        sys.executable, "-m", "uvicorn", APP, "--workers", "2", *where,
+        "--log-level", "warning", "--timeout-graceful-shutdown", "20",
+    ]  # fmt: skip
+
+
+async def _handover(kind: str, workdir: Path) -> Handover:
+    """One server, started, loaded, reloaded by SIGHUP and stopped; its whole process group is
+    killed before this returns if it has not exited by then."""
+    port = free_port()
+    revision_file = workdir / f"{kind}.revision"
+    revision_file.write_text(revision_of("H1") + "\n")
+    log_path = workdir / f"{kind}.log"
+    env = {
+        **os.environ,
+        "FORGEZERO_CONTROL_TOKEN": secrets.token_urlsafe(32),
+        "FORGEZERO_HANDOFF_TOKEN": secrets.token_urlsafe(32),
+        "FORGEZERO_REVISION": revision_of("H1"),
+        "FORGEZERO_DEMO_GENERATION": "H",
+    }
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            *_command(kind, port, revision_file),
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,  # its workers share its process group: one kill ends all
+        )
+    try:
+        return await _load_through_sighup(kind, process, port, log_path)
+    finally:
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.wait(), 30.0)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)  # leftover workers of the group it led
+        if process.returncode is None:
+            await process.wait()
+
+
+async def _load_through_sighup(
+    kind: str, process: asyncio.subprocess.Process, port: int, log_path: Path
+) -> Handover:
+    url = f"http://127.0.0.1:{port}"
+    await _until_answering(process, url, log_path)
+    limits = httpx.Limits(max_connections=CLIENTS + 4, max_keepalive_connections=CLIENTS + 4)
+    http = httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits, trust_env=False)
+    router = Router(Target("port", url, http))
+    tally = HttpTally()
+    stop = asyncio.Event()
+    clients = [
+        asyncio.create_task(run_http_client(router, tally, stop, seed=900 + n))
+        for n in range(CLIENTS)
+    ]
+    seconds: float | None = None
+    try:
+        await asyncio.sleep(STEADY)
+        before = _children(process.pid)
+        sighup_at = time.monotonic()
+        process.send_signal(signal.SIGHUP)
+        if kind == "serve":
+            await _until_logged(process, log_path, "supervisor.handover_done from=1 to=2")
+            seconds = time.monotonic() - sighup_at
+        else:
+            await asyncio.sleep(PEER_RELOAD)
+        await asyncio.sleep(STEADY)
+        after = _children(process.pid)
+    finally:
+        stop.set()
+        await asyncio.gather(*clients, return_exceptions=True)
+        await http.aclose()
+    replaced = bool(after) and not after & before
+    return Handover(
+        tally.sent, tally.lost, tally.refused_then_completed, seconds, tally.problems, replaced
+    )
+
+
+def _children(pid: int) -> set[int]:
+    """The server's workers: the direct child processes of ``pid``, but for multiprocessing's
+    resource tracker (which uvicorn's spawned workers share and a reload keeps)."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found.update(int(child) for child in (task / "children").read_text().split())
+    return {child for child in found if b"resource_tracker" not in _command_line(child)}
+
+
+def _command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+async def _until_answering(process: asyncio.subprocess.Process, url: str, log: Path) -> None:
+    deadline = time.monotonic() + BOUND
+    async with httpx.AsyncClient(base_url=url, timeout=2.0, trust_env=False) as probe:
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if (await probe.get("/fast")).status_code == 200:
+                    return
+            if process.returncode is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{url} never answered:\n{_tail(log)}")
+            await asyncio.sleep(0.1)
+
+
+async def _until_logged(process: asyncio.subprocess.Process, log: Path, text: str) -> None:
+    deadline = time.monotonic() + BOUND
+    while text not in await asyncio.to_thread(log.read_text, errors="replace"):
+        if process.returncode is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the server never logged {text!r}:\n{_tail(log)}")
+        await asyncio.sleep(0.05)
+
+
+def _tail(log: Path) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+
+
+def _missing(kind: str) -> str | None:
+    module = SERVERS[kind]
+    if importlib.util.find_spec(module) is None:
+        return f"{module} is not installed (pip install -e '.[bench]'; make bench does)"
+    if kind == "gunicorn" and importlib.util.find_spec("gunicorn") is None:
+        return "gunicorn is not installed (pip install -e '.[bench]'; make bench does)"
+    return None
+
+
+async def _rounds(kinds: list[str], rounds: int) -> dict[str, list[Handover]]:
+    results: dict[str, list[Handover]] = {kind: [] for kind in kinds}
+    with tempfile.TemporaryDirectory(prefix="fz-bench-handover-") as workdir:
+        for index in range(rounds):
+            order = kinds[index % len(kinds) :] + kinds[: index % len(kinds)]
+            for kind in order:
+                print(f"  round {index + 1}/{rounds}: {kind}", file=sys.stderr, flush=True)
+                results[kind].append(await _handover(kind, Path(workdir)))
+    return results
+
+
+def _rows(kind: str, runs: list[Handover]) -> list[dict[str, Any]]:
+    name = f"handover.{_LABELS[kind]}, SIGHUP"
+    sent = sum(run.sent for run in runs)
+    problems = sorted({p for run in runs for p in run.problems})[:3]
+    kept = sum(not run.replaced for run in runs)
+    note = (
+        f"{len(runs)} handovers, {sent:,} requests from {CLIENTS} keep-alive clients on one port"
+        + (f"; in {kept} the workers were NOT all replaced" if kept else "; workers replaced")
+        + (f"; e.g. {'; '.join(problems)}" if problems else "")
+    )
+    ours = kind == "serve"
+    target = "0 every round" if ours else "(comparison)"
+    out = [
+        row(
+            name,
+            "lost requests per handover",
+            "requests",
+            [float(run.lost) for run in runs],
+            baseline=None,
+            ratio=None,
+            target=target,
+            command=COMMAND,
+            ok=all(run.lost == 0 and run.replaced for run in runs) if ours else None,
+            note=note,
+        ),
+        row(
+            name,
+            "refused requests per handover (sent again)",
+            "requests",
+            [float(run.refused) for run in runs],
+            baseline=None,
+            ratio=None,
+            target=target,
+            command=COMMAND,
+            ok=all(run.refused == 0 for run in runs) if ours else None,
+        ),
+    ]
+    durations = [run.seconds for run in runs if run.seconds is not None]
+    if durations:
+        out.append(
+            row(
+                name,
+                "SIGHUP → old generation gone",
+                "s",
+                durations,
+                baseline=None,
+                ratio=None,
+                target="(comparison)",
+                command=COMMAND,
+                note=f"median {statistics.median(durations):.2f} s; most of it is the new "
+                "workers importing the app",
+            )
+        )
+    return out
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    kinds: list[str] = []
+    for kind in SERVERS:
+        reason = _missing(kind)
+        if reason is None:
+            kinds.append(kind)
+        else:
+            rows.append(not_run(f"handover.{_LABELS[kind]}, SIGHUP", reason, COMMAND))
+    results = asyncio.run(_rounds(kinds, 1 if quick else 2))
+    for kind in kinds:
+        rows += _rows(kind, results[kind])
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="one round")
+    print_table(run(parser.parse_args().quick))
+
+
+if __name__ == "__main__":
+    main()
