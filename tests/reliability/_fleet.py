@@ -17,7 +17,7 @@ from typing import Any, Final
 import anyio
 import httpx
 
-from tests.server._control import AUTH, CONTROL_TOKEN, ControlClient, drain_request, new_nonce
+from tests.server._control import AUTH, CONTROL_TOKEN, WireControl, drain_request, new_nonce
 from tests.server._servers import RunningServer, start_server, stop_server
 from tests.server.conftest import _KNOWN_QUIRKS, _LOG_ALARMS
 
@@ -46,7 +46,7 @@ class Generation:
     server: RunningServer
     records_path: Path
     http: httpx.AsyncClient
-    control: ControlClient
+    control: WireControl
 
     @property
     def url(self) -> str:
@@ -153,7 +153,7 @@ class Fleet:
             )
         )
         http = httpx.AsyncClient(base_url=server.url, timeout=10.0, trust_env=False)
-        generation = Generation(label, revision, server, records, http, ControlClient(http))
+        generation = Generation(label, revision, server, records, http, WireControl(http))
         self.generations.append(generation)
         return generation
 

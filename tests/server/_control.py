@@ -1,7 +1,8 @@
 """A small client of the control protocol for the real-server tests, with bounded polling.
 
 It is deliberately written against the wire (paths, JSON bodies, headers), not against the
-library's own client, so the tests check what any orchestrator would see.
+library's own client (``forgezero_lifecycle.ControlClient``, hence a name of its own), so the
+tests check what any orchestrator would see.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ __all__ = [
     "SOURCE_REVISION",
     "STREAM_GRACE",
     "TARGET_REVISION",
-    "ControlClient",
+    "WireControl",
     "drain_request",
     "new_nonce",
 ]
@@ -58,7 +59,7 @@ def drain_request(nonce: str, timeout_ms: int = 5000) -> dict[str, Any]:
     }
 
 
-class ControlClient:
+class WireControl:
     """Begin, observe and roll back drains of one server; remembers what it began."""
 
     def __init__(self, http: httpx.AsyncClient) -> None:

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from ._control import CONTROL_TOKEN, SOURCE_REVISION, STREAM_GRACE, ControlClient
+from ._control import CONTROL_TOKEN, SOURCE_REVISION, STREAM_GRACE, WireControl
 from ._servers import SERVER_KINDS, RunningServer, start_server, stop_server
 
 _LOG_ALARMS = ("Traceback", "ERROR", "Exception in ASGI")
@@ -78,8 +78,8 @@ def server_log(server: RunningServer) -> Iterator[ServerLog]:
 
 
 @pytest.fixture
-async def control(server_log: ServerLog, http: httpx.AsyncClient) -> AsyncIterator[ControlClient]:
+async def control(server_log: ServerLog, http: httpx.AsyncClient) -> AsyncIterator[WireControl]:
     """The control client; afterwards every drain it began is rolled back."""
-    client = ControlClient(http)
+    client = WireControl(http)
     yield client
     await client.reset()

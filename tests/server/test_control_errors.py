@@ -15,7 +15,7 @@ from ._control import (
     BEGIN,
     CONTROL_TOKEN,
     STATUS,
-    ControlClient,
+    WireControl,
     drain_request,
     new_nonce,
 )
@@ -76,7 +76,7 @@ BAD_BEGINS = {
 
 @pytest.mark.parametrize("case", BAD_BEGINS.values(), ids=BAD_BEGINS.keys())
 async def test_bad_begin_gets_its_4xx_and_changes_nothing(
-    http: httpx.AsyncClient, control: ControlClient, case: BadBegin
+    http: httpx.AsyncClient, control: WireControl, case: BadBegin
 ) -> None:
     """A refused begin leaves the generation serving; the same nonce then begins as new."""
     nonce = new_nonce()

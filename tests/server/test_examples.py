@@ -23,7 +23,7 @@ from ._control import (
     POLL_INTERVAL,
     SOURCE_REVISION,
     TARGET_REVISION,
-    ControlClient,
+    WireControl,
     new_nonce,
 )
 from ._servers import RunningServer, start_server, stop_server
@@ -85,7 +85,7 @@ def next_generation(
 
 
 async def test_example_serves_and_drains_to_drained(
-    server: RunningServer, http: httpx.AsyncClient, control: ControlClient
+    server: RunningServer, http: httpx.AsyncClient, control: WireControl
 ) -> None:
     """The example answers on every endpoint, then drains: a WebSocket gets 1012 after the grace."""
     assert (await http.get("/hello")).json()["hello"] == "world"
@@ -106,7 +106,7 @@ async def test_example_serves_and_drains_to_drained(
 
 @pytest.mark.parametrize("example", ["fastapi_app"], indirect=True)
 async def test_fastapi_example_runs_a_durable_job_once_with_its_receipt(
-    http: httpx.AsyncClient, control: ControlClient
+    http: httpx.AsyncClient, control: WireControl
 ) -> None:
     """POST /orders enqueues once per order id; the worker completes it under its fence."""
     order = {"user": "ada", "order": f"order-{secrets.token_hex(4)}"}
@@ -128,7 +128,7 @@ async def test_fastapi_example_runs_a_durable_job_once_with_its_receipt(
 
 
 async def test_example_stream_ends_cooperatively_when_a_drain_begins(
-    http: httpx.AsyncClient, control: ControlClient
+    http: httpx.AsyncClient, control: WireControl
 ) -> None:
     """The example's stream watches runtime.draining and ends with a last message of its own."""
     params = {"events": 100, "lines": 100, "interval": 0.2}
@@ -148,7 +148,7 @@ async def test_example_hands_its_visits_to_the_next_generation(
     server: RunningServer,
     next_generation: RunningServer,
     http: httpx.AsyncClient,
-    control: ControlClient,
+    control: WireControl,
 ) -> None:
     """The new generation fetches the old one's typed state over loopback and carries it on."""
     visits = (await http.get("/hello")).json()["visits"]

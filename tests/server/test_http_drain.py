@@ -8,7 +8,7 @@ import h11
 import httpx
 import pytest
 
-from ._control import ControlClient
+from ._control import WireControl
 from ._servers import RunningServer
 
 pytestmark = [pytest.mark.server, pytest.mark.anyio]
@@ -17,7 +17,7 @@ REFUSAL = {"error": "RUNTIME_DRAINING"}
 
 
 async def test_in_flight_request_completes_while_new_request_is_refused(
-    http: httpx.AsyncClient, control: ControlClient
+    http: httpx.AsyncClient, control: WireControl
 ) -> None:
     """An admitted request runs to its end after begin; a new one gets the 503 refusal."""
     slow = asyncio.create_task(http.get("/slow", params={"seconds": 0.8}))
@@ -41,7 +41,7 @@ async def test_in_flight_request_completes_while_new_request_is_refused(
 
 
 async def test_status_moves_from_draining_to_drained_as_counters_reach_zero(
-    http: httpx.AsyncClient, control: ControlClient
+    http: httpx.AsyncClient, control: WireControl
 ) -> None:
     """Status reports the admitted request while it runs, then drained with every counter 0."""
     slow = asyncio.create_task(http.get("/slow", params={"seconds": 0.8}))
@@ -60,7 +60,7 @@ async def test_status_moves_from_draining_to_drained_as_counters_reach_zero(
 
 
 async def test_refused_request_with_a_large_body_still_gets_the_503(
-    http: httpx.AsyncClient, control: ControlClient
+    http: httpx.AsyncClient, control: WireControl
 ) -> None:
     """A refusal must reach the client even when it was uploading a body (2 MiB here)."""
     await control.begin()
@@ -77,7 +77,7 @@ async def test_refused_request_with_a_large_body_still_gets_the_503(
 
 
 async def test_keep_alive_connection_is_closed_after_response_sent_during_drain(
-    server: RunningServer, control: ControlClient
+    server: RunningServer, control: WireControl
 ) -> None:
     """A response sent while draining carries Connection: close and the server closes the socket."""
     host, port = server.url.removeprefix("http://").split(":")
@@ -108,7 +108,7 @@ async def test_keep_alive_connection_is_closed_after_response_sent_during_drain(
 
 
 async def test_rollback_during_drain_restores_readiness_and_admits_again(
-    http: httpx.AsyncClient, control: ControlClient
+    http: httpx.AsyncClient, control: WireControl
 ) -> None:
     """Rollback of a draining generation turns readiness back to 200 and admits new requests."""
     slow = asyncio.create_task(http.get("/slow", params={"seconds": 0.8}))
@@ -130,7 +130,7 @@ async def test_rollback_during_drain_restores_readiness_and_admits_again(
 
 
 async def test_rollback_after_drained_allows_a_new_drain_with_a_fresh_nonce(
-    http: httpx.AsyncClient, control: ControlClient
+    http: httpx.AsyncClient, control: WireControl
 ) -> None:
     """A drained generation rolls back to serving; its old nonce is retired, a fresh one begins."""
     first = await control.begin()
@@ -144,7 +144,7 @@ async def test_rollback_after_drained_allows_a_new_drain_with_a_fresh_nonce(
 
 
 async def test_deadline_expiring_fails_the_drain_with_the_request_still_counted(
-    http: httpx.AsyncClient, control: ControlClient
+    http: httpx.AsyncClient, control: WireControl
 ) -> None:
     """A request slower than timeoutMs fails the drain with RUNTIME_DRAIN_TIMEOUT; it still ends."""
     slow = asyncio.create_task(http.get("/slow", params={"seconds": 1.2}))

@@ -11,13 +11,13 @@ import asyncio
 import httpx
 import pytest
 
-from ._control import PREFIX, ControlClient
+from ._control import PREFIX, WireControl
 
 pytestmark = [pytest.mark.server, pytest.mark.anyio]
 
 
 async def test_middleware_added_after_install_cannot_shadow_the_probes(
-    http: httpx.AsyncClient, control: ControlClient
+    http: httpx.AsyncClient, control: WireControl
 ) -> None:
     """/ready and /live are answered by the runtime; the teapot gets every other path."""
     teapot = {"x-teapot": "0"}
@@ -27,7 +27,7 @@ async def test_middleware_added_after_install_cannot_shadow_the_probes(
 
 
 async def test_request_inside_a_middleware_added_after_install_is_counted(
-    http: httpx.AsyncClient, control: ControlClient
+    http: httpx.AsyncClient, control: WireControl
 ) -> None:
     """A request the later middleware holds is in flight for the drain, which waits for it."""
     held = asyncio.create_task(http.get("/fast", headers={"x-teapot": "0.8"}))

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from ._control import ControlClient
+from ._control import WireControl
 from ._servers import RunningServer
 from .conftest import ServerLog
 
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.server, pytest.mark.anyio]
 
 
 async def test_stream_admitted_before_drain_completes_within_the_grace(
-    http: httpx.AsyncClient, control: ControlClient
+    http: httpx.AsyncClient, control: WireControl
 ) -> None:
     """A stream that ends within the stream grace delivers every chunk and ends cleanly."""
     async with http.stream("GET", "/stream", params={"chunks": 4, "interval": 0.03}) as response:
@@ -39,7 +39,7 @@ async def test_stream_admitted_before_drain_completes_within_the_grace(
 
 
 async def test_stream_still_running_after_the_grace_is_ended_cleanly(
-    http: httpx.AsyncClient, control: ControlClient
+    http: httpx.AsyncClient, control: WireControl
 ) -> None:
     """After the stream grace a long stream is cut short with a proper last chunk, not an error."""
     async with http.stream("GET", "/stream", params={"chunks": 200, "interval": 0.05}) as response:
@@ -59,7 +59,7 @@ async def test_stream_still_running_after_the_grace_is_ended_cleanly(
 
 
 async def test_length_delimited_stream_after_the_grace_is_cut_without_an_app_error(
-    http: httpx.AsyncClient, control: ControlClient, server_log: ServerLog
+    http: httpx.AsyncClient, control: WireControl, server_log: ServerLog
 ) -> None:
     """A stream with a declared Content-Length cannot end cleanly early: the connection is cut,
     and no exception escapes into the server."""
@@ -78,7 +78,7 @@ async def test_length_delimited_stream_after_the_grace_is_cut_without_an_app_err
 
 
 async def test_client_that_never_reads_cannot_keep_a_drain_from_ending(
-    server: RunningServer, control: ControlClient, server_log: ServerLog
+    server: RunningServer, control: WireControl, server_log: ServerLog
 ) -> None:
     """A client that requests an endless stream and never reads blocks the server's sends; at
     the drain's release margin the connection is given up, so the drain ends drained within its

@@ -8,14 +8,14 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from ._control import ControlClient
+from ._control import WireControl
 from ._servers import RunningServer
 
 pytestmark = [pytest.mark.server, pytest.mark.anyio]
 
 
 async def test_open_websocket_is_closed_with_1012_after_the_stream_grace(
-    server: RunningServer, control: ControlClient
+    server: RunningServer, control: WireControl
 ) -> None:
     """An open session gets close code 1012, reason "draining", once the stream grace is over."""
     async with connect(server.ws_url + "/ws", open_timeout=5, close_timeout=5) as websocket:
@@ -36,7 +36,7 @@ async def test_open_websocket_is_closed_with_1012_after_the_stream_grace(
 
 
 async def test_new_websocket_handshake_is_refused_with_503_while_draining(
-    server: RunningServer, control: ControlClient
+    server: RunningServer, control: WireControl
 ) -> None:
     """Every server here offers websocket.http.response, so the refusal is an HTTP 503 denial."""
     await control.begin()
@@ -52,7 +52,7 @@ async def test_new_websocket_handshake_is_refused_with_503_while_draining(
 
 
 async def test_push_only_websocket_ends_once_the_drain_closed_it(
-    server: RunningServer, control: ControlClient
+    server: RunningServer, control: WireControl
 ) -> None:
     """A handler that only sends and never calls receive() learns of the close 1012 from its
     next send (Starlette: WebSocketDisconnect), ends, and the drain reaches drained."""
@@ -72,7 +72,7 @@ async def test_push_only_websocket_ends_once_the_drain_closed_it(
 
 
 async def test_websocket_denial_in_two_body_parts_reaches_the_client_whole(
-    server: RunningServer, control: ControlClient
+    server: RunningServer, control: WireControl
 ) -> None:
     """An app's denial response sent as two websocket.http.response.body parts is not cut after
     the first; the session is counted out, so a drain reaches drained."""
