@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from forgezero_lifecycle.cli import Progress, export_url, summary
+from forgezero_lifecycle.cli.commands import export_url
+from forgezero_lifecycle.cli.output import Progress, summary
 from forgezero_lifecycle.serve import parse_duration
 from forgezero_lifecycle.wire.drain import DrainStatus
 

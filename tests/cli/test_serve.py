@@ -180,7 +180,7 @@ def test_serve_reads_the_revision_from_the_environment_when_no_flag_gives_it(
 ) -> None:
     """FORGEZERO_REVISION (e.g. the downward API) is the revision; --revision wins; bad is usage."""
     from forgezero_lifecycle._errors import ConfigurationError
-    from forgezero_lifecycle.cli import build_parser
+    from forgezero_lifecycle.cli.main import build_parser
     from forgezero_lifecycle.serve import options_from_args
 
     parser = build_parser()

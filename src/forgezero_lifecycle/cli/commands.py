@@ -1,0 +1,158 @@
+"""The commands that talk to a control plane: drain, status, rollback, handoff, reload, ready.
+
+Each sends its requests through :class:`~forgezero_lifecycle.client.ControlClient`, shows its
+progress on stderr while it waits, and returns the exit code its final status means
+(:func:`~.output.report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+from .. import _tokens as tokens
+from ..client import ControlClient, drain_request, handoff_request
+from ..wire import paths
+from ..wire.drain import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS
+from .output import EXIT_FAILED, EXIT_OK, Progress, report
+
+__all__ = ["COMMANDS", "WAIT_MARGIN", "UsageError", "export_url", "read_token"]
+
+#: Waiting goes on this long past the deadline the server enforces, unless --wait-timeout says.
+WAIT_MARGIN: Final = 10.0
+
+
+class UsageError(Exception):
+    """A bad flag or value found before any request was sent (exit 2)."""
+
+
+def _timeout_ms(seconds: float) -> int:
+    timeout_ms = round(seconds * 1000)
+    if not MIN_DRAIN_TIMEOUT_MS <= timeout_ms <= MAX_DRAIN_TIMEOUT_MS:
+        raise UsageError(
+            f"--timeout must be between {MIN_DRAIN_TIMEOUT_MS}ms and "
+            f"{MAX_DRAIN_TIMEOUT_MS // 60_000}m, got {seconds:g}s"
+        )
+    return timeout_ms
+
+
+def read_token(env: str, path: Path | None, flag: str, *, handoff: bool = False) -> str:
+    """The token from ``path`` when given, else from ``$env``; never from the command line.
+
+    The rules (one line, bearer characters only, a private file) are :func:`tokens.read_token`.
+    """
+    token = tokens.read_token(env, path, flag=flag, handoff=handoff)
+    if token is None:
+        source = f"{flag} {path}" if path is not None else env
+        raise UsageError(f"no token: {source} is empty or unset (set {env} or pass {flag})")
+    return token
+
+
+def _client(args: argparse.Namespace, url: str) -> ControlClient:
+    token = read_token("FORGEZERO_CONTROL_TOKEN", args.token_file, "--token-file")
+    return ControlClient(url, token=token, retries=args.retries)
+
+
+async def _drain(args: argparse.Namespace) -> int:
+    request = drain_request(
+        source_revision=args.source_revision,
+        target_revision=args.target_revision,
+        timeout_ms=_timeout_ms(args.timeout),
+        nonce=args.nonce,
+    )
+    async with _client(args, args.url) as client:
+        accepted = await client.begin_drain(request)
+        verb = "following the drain already begun" if accepted.duplicate else "draining"
+        print(f"{verb} {client.url} nonce={request.nonce}", file=sys.stderr)
+        if args.no_wait:
+            status = await client.drain_status(request.nonce)
+            return report(args, status.model_dump(mode="json", exclude_none=True))
+        progress = Progress(sys.stderr, deadline=args.timeout)
+        try:
+            async with asyncio.timeout(args.wait_timeout or args.timeout + WAIT_MARGIN):
+                status = await client.wait_drained(request.nonce, on_progress=progress.drain)
+        finally:
+            progress.close()
+    return report(args, status.model_dump(mode="json", exclude_none=True))
+
+
+async def _status(args: argparse.Namespace) -> int:
+    async with _client(args, args.url) as client:
+        if args.nonce is None:
+            status = await client.current_drain()
+        else:
+            status = await client.drain_status(args.nonce)
+    return report(args, status.model_dump(mode="json", exclude_none=True))
+
+
+async def _rollback(args: argparse.Namespace) -> int:
+    async with _client(args, args.url) as client:
+        status = await client.rollback(args.nonce)
+    return report(args, status.model_dump(mode="json", exclude_none=True))
+
+
+async def _handoff(args: argparse.Namespace) -> int:
+    handoff_token = read_token(
+        "FORGEZERO_HANDOFF_TOKEN", args.handoff_token_file, "--handoff-token-file", handoff=True
+    )
+    request = handoff_request(
+        protocol=args.protocol,
+        schema_version=args.schema_version,
+        source_revision=args.source_revision,
+        target_revision=args.target_revision,
+        source_url=export_url(args.from_export_url, args.source_revision, args.target_revision),
+        handoff_token=handoff_token,
+        nonce=args.nonce,
+    )
+    async with _client(args, args.to) as client:
+        await client.begin_handoff(request, timeout_ms=_timeout_ms(args.timeout))
+        print(f"handing state to {client.url} nonce={request.nonce}", file=sys.stderr)
+        if args.no_wait:
+            status = await client.handoff_status(request.nonce)
+        else:
+            progress = Progress(sys.stderr, deadline=args.timeout)
+            try:
+                async with asyncio.timeout(args.wait_timeout or args.timeout + WAIT_MARGIN):
+                    status = await client.wait_handoff(request.nonce, on_progress=progress.handoff)
+            finally:
+                progress.close()
+    return report(args, status.model_dump(mode="json", exclude_none=True))
+
+
+def export_url(given: str, source_revision: str, target_revision: str) -> str:
+    """``given`` as the full export URL: a bare base URL gets the export path and the query."""
+    url = urlsplit(given)
+    path = url.path if url.path not in ("", "/") else paths.RUNTIME_STATE_EXPORT_PATH
+    query = url.query or urlencode(
+        {"sourceRevision": source_revision, "targetRevision": target_revision}
+    )
+    return urlunsplit((url.scheme, url.netloc, path, query, url.fragment))
+
+
+async def _reload(args: argparse.Namespace) -> int:
+    async with _client(args, args.url) as client:
+        await client.reload()
+    print(f"handover to a new generation begun at {args.url}")
+    return EXIT_OK
+
+
+async def _ready(args: argparse.Namespace) -> int:
+    async with ControlClient(args.url, retries=args.retries) as client:
+        ready = await client.ready()
+    print("ready" if ready else "not ready (draining)")
+    return EXIT_OK if ready else EXIT_FAILED
+
+
+COMMANDS: Final[dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]]] = {
+    "drain": _drain,
+    "status": _status,
+    "rollback": _rollback,
+    "handoff": _handoff,
+    "ready": _ready,
+    "reload": _reload,
+}

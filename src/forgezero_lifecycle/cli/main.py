@@ -1,0 +1,172 @@
+"""The command line itself: the parser, the entry point, and errors as exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from pydantic import ValidationError
+
+from .. import demo, serve
+from .._errors import (
+    BodyTooLarge,
+    ConfigurationError,
+    ContentTypeInvalid,
+    ControlUnreachable,
+    DrainRequestInvalid,
+    LifecycleError,
+    StateInputInvalid,
+    Unauthorized,
+)
+from ..wire._types import first_problem, is_nonce
+from .commands import COMMANDS, WAIT_MARGIN, UsageError
+from .output import EXIT_FAILED, EXIT_GAVE_UP, EXIT_UNREACHABLE, EXIT_USAGE, fail
+
+__all__ = ["build_parser", "main"]
+
+EXIT_CODES_HELP: Final = """\
+exit codes:
+  0  drained / acknowledged / rolled back / ready
+  1  failed (the failure code is printed), not ready, or refused by the server
+  2  usage: bad flags or values, missing token
+  3  control plane unreachable or unauthorized
+  4  not settled: gave up waiting (the drain or handoff goes on), or `status` says draining
+
+environment:
+  FORGEZERO_CONTROL_TOKEN   bearer token of the control plane (drain, status, rollback, handoff)
+  FORGEZERO_HANDOFF_TOKEN   the old generation's handoff token (handoff, serve)
+"""
+
+
+def _nonce(text: str) -> str:
+    if not is_nonce(text):
+        raise argparse.ArgumentTypeError(f"not a nonce (43 base64url characters): {text!r}")
+    return text
+
+
+def _exit_code(error: LifecycleError) -> int:
+    if isinstance(error, ControlUnreachable | Unauthorized):
+        return EXIT_UNREACHABLE
+    invalid = DrainRequestInvalid | StateInputInvalid | BodyTooLarge | ContentTypeInvalid
+    if isinstance(error, invalid | ConfigurationError):
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The console script; returns the exit code (see ``--help``)."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return serve.run(args.app, serve.options_from_args(args))
+        if args.command == "demo":
+            return demo.main(args)
+        return asyncio.run(COMMANDS[args.command](args))
+    except UsageError as error:
+        return fail(EXIT_USAGE, str(error))
+    except ValidationError as error:  # never str(error): it would echo the input values
+        return fail(EXIT_USAGE, f"invalid {first_problem(error)}")
+    except LifecycleError as error:
+        return fail(_exit_code(error), str(error))
+    except TimeoutError:
+        return fail(EXIT_GAVE_UP, "gave up waiting; the server goes on (check it with `status`)")
+    except KeyboardInterrupt:
+        return fail(130, "interrupted; a drain or handoff already begun goes on")
+    except OSError as error:
+        return fail(EXIT_USAGE, f"{error.strerror or error}: {error.filename or ''}".strip(": "))
+    except Exception as error:  # a bug, still reported as one line
+        return fail(EXIT_FAILED, f"unexpected {type(error).__name__}: {error}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line (``--help`` lists the exit codes)."""
+    top = argparse.ArgumentParser(
+        prog="forgezero-lifecycle",
+        description="Hand an ASGI service over to its next generation with nothing lost.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        parser = commands.add_parser(
+            name,
+            help=help,
+            description=help,
+            epilog=EXIT_CODES_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        if name not in ("serve", "demo"):
+            parser.add_argument("--retries", type=int, default=3, help=argparse.SUPPRESS)
+        if name not in ("ready", "demo"):
+            parser.add_argument(
+                "--token-file",
+                type=Path,
+                metavar="PATH",
+                help="read the control token from PATH, not the environment",
+            )
+        return parser
+
+    drain = command("drain", "begin a drain and wait until it is drained or failed")
+    drain.add_argument("--url", required=True, help="base URL of the generation to drain")
+    drain.add_argument("--source-revision", required=True, type=serve.parse_revision, metavar="REV")
+    drain.add_argument("--target-revision", required=True, type=serve.parse_revision, metavar="REV")
+    status = command("status", "show a drain's status (the running drain's without --nonce)")
+    status.add_argument("--url", required=True)
+    status.add_argument(
+        "--nonce", type=_nonce, help="the drain to show; default the running one (nonce shown)"
+    )
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+    rollback = command("rollback", "return a draining, drained or failed generation to serving")
+    rollback.add_argument("--url", required=True)
+    rollback.add_argument("--nonce", required=True, type=_nonce)
+    rollback.add_argument("--json", action="store_true", help="print the status as JSON")
+    handoff = command("handoff", "make the new generation fetch and import the old one's state")
+    handoff.add_argument("--to", required=True, metavar="URL", help="base URL of the new one")
+    handoff.add_argument(
+        "--from-export-url",
+        required=True,
+        metavar="URL",
+        help="the old generation's base URL or full export URL (loopback)",
+    )
+    handoff.add_argument("--protocol", required=True, help="the state adapter's protocol")
+    handoff.add_argument("--schema-version", required=True, type=int, metavar="V")
+    handoff.add_argument(
+        "--source-revision", required=True, type=serve.parse_revision, metavar="REV"
+    )
+    handoff.add_argument(
+        "--target-revision", required=True, type=serve.parse_revision, metavar="REV"
+    )
+    handoff.add_argument(
+        "--handoff-token-file",
+        type=Path,
+        metavar="PATH",
+        help="read the old generation's handoff token from PATH",
+    )
+    for waiting in (drain, handoff):
+        waiting.add_argument(
+            "--timeout",
+            type=serve.parse_duration,
+            default=30.0,
+            help="the deadline the server enforces (default 30s)",
+        )
+        waiting.add_argument("--nonce", type=_nonce, help="reuse a nonce (retry); default fresh")
+        waiting.add_argument("--no-wait", action="store_true", help="begin and return at once")
+        waiting.add_argument(
+            "--wait-timeout",
+            type=serve.parse_duration,
+            metavar="DURATION",
+            help=f"give up waiting after this (default deadline + {WAIT_MARGIN:g}s)",
+        )
+        waiting.add_argument("--json", action="store_true", help="print the final status as JSON")
+    reload = command("reload", "serve --workers: hand over to a new generation (as SIGHUP)")
+    reload.add_argument("--url", required=True)
+    ready = command("ready", "probe readiness (exit 0 ready, 1 draining)")
+    ready.add_argument("--url", required=True)
+
+    serve.add_arguments(command("serve", "run APP under uvicorn; SIGTERM drains it, then it exits"))
+    demo.add_arguments(command("demo", "run two generations on loopback and hand over under load"))
+    return top
