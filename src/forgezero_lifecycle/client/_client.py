@@ -1,25 +1,6 @@
-"""The orchestrator's side of the control protocol: an httpx client for every control endpoint.
+"""The async control client: requests, answers as wire models, errors as the library's, retries.
 
-::
-
-    async with ControlClient("http://127.0.0.1:8000", token=control_token) as client:
-        request = drain_request(source_revision=OLD, target_revision=NEW, timeout_ms=30_000)
-        await client.begin_drain(request)
-        status = await client.wait_drained(request.nonce, on_progress=print)
-
-Answers are the wire models (:class:`DrainStatus`, :class:`StateHandoffStatus`, ...). An error
-body ``{"error": CODE}`` becomes the library's typed error for that code
-(:func:`~forgezero_lifecycle._errors.error_for_code`); a server that cannot be reached raises
-:class:`~forgezero_lifecycle._errors.ControlUnreachable`.
-
-Retries: every control call is safe to repeat (reads; ``begin`` with the same request is
-acknowledged as a duplicate by design; a rollback of the same nonce returns the same status), so
-transport failures and gateway answers (502/503/504 without a control-plane error body) are
-retried with a short backoff. An answer of the control plane itself is never retried.
-
-Tokens travel only in the ``Authorization`` header (and, for a handoff, in the request body the
-new generation needs); they are never logged and never part of an error message. Proxy settings
-from the environment are ignored: the control plane is reached directly.
+The package docstring (:mod:`forgezero_lifecycle.client`) states the rules this module keeps.
 """
 
 from __future__ import annotations
@@ -28,31 +9,23 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Callable, Coroutine
-from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar, final
+from typing import Any, Final, Literal, TypeVar, final
 
 import httpx
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from ._errors import ConfigurationError, ControlUnreachable, RemoteError, error_for_code
-from ._tokens import check_handoff_token
-from .wire import paths
-from .wire.drain import DRAIN_PROTOCOL, DrainAccepted, DrainRequest, DrainStatus
-from .wire.handoff import StateEnvelope, StateHandoffRequest, StateHandoffStatus, StateSource
+from .._errors import ConfigurationError, ControlUnreachable, RemoteError, error_for_code
+from .._tokens import check_handoff_token
+from ..wire import paths
+from ..wire.drain import DRAIN_PROTOCOL, DrainAccepted, DrainRequest, DrainStatus
+from ..wire.handoff import StateEnvelope, StateHandoffRequest, StateHandoffStatus, StateSource
 
-__all__ = [
-    "ControlClient",
-    "SyncControlClient",
-    "drain_request",
-    "handoff_request",
-    "new_nonce",
-]
+__all__ = ["ControlClient", "drain_request", "handoff_request", "new_nonce"]
 
 logger = logging.getLogger("forgezero_lifecycle.client")
 
 M = TypeVar("M", bound=BaseModel)
-T = TypeVar("T")
-P = ParamSpec("P")
 
 DEFAULT_TIMEOUT: Final = 10.0
 DEFAULT_RETRIES: Final = 3
@@ -355,66 +328,3 @@ def _error_body(response: httpx.Response) -> tuple[str | None, str | None]:
         return None, None
     detail = body.get("detail")
     return body["error"], detail if isinstance(detail, str) else None
-
-
-def _blocking(
-    method: Callable[Concatenate[ControlClient, P], Coroutine[Any, Any, T]],
-) -> Callable[Concatenate[SyncControlClient, P], T]:
-    """The blocking twin of a :class:`ControlClient` method, same signature and types."""
-
-    def call(self: SyncControlClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self._runner.run(method(self._client, *args, **kwargs))
-
-    call.__name__ = method.__name__
-    call.__doc__ = method.__doc__
-    return call
-
-
-@final
-class SyncControlClient:
-    """A blocking facade for scripts: the same calls, run on a private event loop.
-
-    Use it as a context manager, outside any running event loop. ``on_progress`` callbacks run
-    on the calling thread; the waits take a ``timeout`` (seconds, :class:`TimeoutError`).
-    """
-
-    def __init__(self, url: str, **options: Any) -> None:
-        self._runner = asyncio.Runner()
-        self._client = ControlClient(url, **options)
-
-    def __enter__(self) -> SyncControlClient:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        try:
-            self._runner.run(self._client.aclose())
-        finally:
-            self._runner.close()
-
-    begin_drain = _blocking(ControlClient.begin_drain)
-    drain_status = _blocking(ControlClient.drain_status)
-    current_drain = _blocking(ControlClient.current_drain)
-    rollback = _blocking(ControlClient.rollback)
-    export_state = _blocking(ControlClient.export_state)
-    begin_handoff = _blocking(ControlClient.begin_handoff)
-    handoff_status = _blocking(ControlClient.handoff_status)
-    ready = _blocking(ControlClient.ready)
-    live = _blocking(ControlClient.live)
-
-    def wait_drained(
-        self, nonce: str, *, timeout: float | None = None, **options: Any
-    ) -> DrainStatus:
-        return self._runner.run(_within(timeout, self._client.wait_drained(nonce, **options)))
-
-    def wait_handoff(
-        self, nonce: str, *, timeout: float | None = None, **options: Any
-    ) -> StateHandoffStatus:
-        return self._runner.run(_within(timeout, self._client.wait_handoff(nonce, **options)))
-
-
-async def _within(seconds: float | None, coroutine: Coroutine[Any, Any, T]) -> T:
-    async with asyncio.timeout(seconds):
-        return await coroutine
