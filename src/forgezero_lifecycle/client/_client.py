@@ -9,7 +9,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Callable, Coroutine
-from typing import Any, Final, Literal, TypeVar, final
+from typing import Any, Final, Literal, Self, TypeVar, final
 
 import httpx
 import orjson
@@ -122,7 +122,7 @@ class ControlClient:
             base_url=base, timeout=timeout, transport=transport, trust_env=False
         )
 
-    async def __aenter__(self) -> ControlClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any, Concatenate, ParamSpec, TypeVar, final
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar, final
 
 from ..wire.drain import DrainStatus
 from ..wire.handoff import StateHandoffStatus
@@ -41,7 +41,7 @@ class SyncControlClient:
         self._runner = asyncio.Runner()
         self._client = ControlClient(url, **options)
 
-    def __enter__(self) -> SyncControlClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
