@@ -57,6 +57,7 @@ class SyncControlClient:
     drain_status = _blocking(ControlClient.drain_status)
     current_drain = _blocking(ControlClient.current_drain)
     rollback = _blocking(ControlClient.rollback)
+    reload = _blocking(ControlClient.reload)
     export_state = _blocking(ControlClient.export_state)
     begin_handoff = _blocking(ControlClient.begin_handoff)
     handoff_status = _blocking(ControlClient.handoff_status)
