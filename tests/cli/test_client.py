@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 
@@ -299,3 +300,22 @@ def test_sync_facade_runs_the_same_calls() -> None:
         assert client.wait_drained(nonce, timeout=5.0).status == "drained"
         assert client.drain_status(nonce).in_flight.http == 1
         assert client.current_drain().nonce == nonce
+
+
+def _calls(cls: type) -> set[str]:
+    return {name for name, _ in inspect.getmembers(cls, inspect.isfunction) if name[0] != "_"}
+
+
+def test_sync_facade_offers_every_call_with_the_same_signature() -> None:
+    """SyncControlClient takes ControlClient's options and has each of its calls, alike but for
+    the waits' ``timeout``, so the two cannot drift apart."""
+    assert _calls(SyncControlClient) - {"close"} == _calls(ControlClient) - {"aclose"}
+    assert inspect.signature(SyncControlClient) == inspect.signature(ControlClient)
+    timeout = inspect.Parameter(
+        "timeout", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="float | None"
+    )
+    for name in _calls(ControlClient) - {"aclose"}:
+        expected = inspect.signature(getattr(ControlClient, name))
+        if name.startswith("wait_"):
+            expected = expected.replace(parameters=[*expected.parameters.values(), timeout])
+        assert inspect.signature(getattr(SyncControlClient, name)) == expected, name

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar, final
 
+import httpx
+
 from ..wire.drain import DrainStatus
 from ..wire.handoff import StateHandoffStatus
-from ._client import ControlClient
+from ._client import DEFAULT_POLL_INTERVAL, DEFAULT_RETRIES, DEFAULT_TIMEOUT, ControlClient
 
 __all__ = ["SyncControlClient"]
 
@@ -24,8 +27,8 @@ def _blocking(
     def call(self: SyncControlClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return self._runner.run(method(self._client, *args, **kwargs))
 
-    call.__name__ = method.__name__
-    call.__doc__ = method.__doc__
+    functools.update_wrapper(call, method)  # name, docstring, and the signature for inspect
+    call.__qualname__ = f"SyncControlClient.{method.__name__}"
     return call
 
 
@@ -33,13 +36,31 @@ def _blocking(
 class SyncControlClient:
     """A blocking facade for scripts: the same calls, run on a private event loop.
 
-    Use it as a context manager, outside any running event loop. ``on_progress`` callbacks run
-    on the calling thread; the waits take a ``timeout`` (seconds, :class:`TimeoutError`).
+    Use it as a context manager, outside any running event loop. The options are
+    :class:`ControlClient`'s (``transport`` too is an async one: the calls run on the private
+    loop). ``on_progress`` callbacks run on the calling thread; the waits take a ``timeout``
+    (seconds, :class:`TimeoutError`).
     """
 
-    def __init__(self, url: str, **options: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        handoff_token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int = DEFAULT_RETRIES,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self._runner = asyncio.Runner()
-        self._client = ControlClient(url, **options)
+        self._client = ControlClient(
+            url,
+            token=token,
+            handoff_token=handoff_token,
+            timeout=timeout,
+            retries=retries,
+            transport=transport,
+        )
 
     def __enter__(self) -> Self:
         return self
@@ -65,14 +86,36 @@ class SyncControlClient:
     live = _blocking(ControlClient.live)
 
     def wait_drained(
-        self, nonce: str, *, timeout: float | None = None, **options: Any
+        self,
+        nonce: str,
+        *,
+        on_progress: Callable[[DrainStatus], object] | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        timeout: float | None = None,
     ) -> DrainStatus:
-        return self._runner.run(_within(timeout, self._client.wait_drained(nonce, **options)))
+        """Poll until the drain is drained, failed or rolled back; returns that status.
+
+        ``on_progress`` sees every status polled, the final one included. After ``timeout``
+        seconds (None: no bound) the wait raises :class:`TimeoutError`; the drain goes on.
+        """
+        waiting = self._client.wait_drained(
+            nonce, on_progress=on_progress, poll_interval=poll_interval
+        )
+        return self._runner.run(_within(timeout, waiting))
 
     def wait_handoff(
-        self, nonce: str, *, timeout: float | None = None, **options: Any
+        self,
+        nonce: str,
+        *,
+        on_progress: Callable[[StateHandoffStatus], object] | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        timeout: float | None = None,
     ) -> StateHandoffStatus:
-        return self._runner.run(_within(timeout, self._client.wait_handoff(nonce, **options)))
+        """Poll until the handoff is acknowledged or failed (see :meth:`wait_drained`)."""
+        waiting = self._client.wait_handoff(
+            nonce, on_progress=on_progress, poll_interval=poll_interval
+        )
+        return self._runner.run(_within(timeout, waiting))
 
 
 async def _within(seconds: float | None, coroutine: Coroutine[Any, Any, T]) -> T:
