@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, final
@@ -13,7 +15,14 @@ from .._errors import ConfigurationError
 from .._tokens import read_token
 from ..wire._types import is_revision
 
-__all__ = ["ServeOptions", "add_arguments", "options_from_args", "parse_duration", "parse_revision"]
+__all__ = [
+    "ServeOptions",
+    "add_arguments",
+    "options_from_args",
+    "parse_duration",
+    "parse_revision",
+    "read_revision",
+]
 
 _DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m)?")
 _UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
@@ -218,6 +227,34 @@ def _revision_from_env() -> str | None:
         raise ConfigurationError(
             detail=f"FORGEZERO_REVISION is not a revision (40 lowercase hex digits): {text[:48]!r}"
         )
+    return text
+
+
+def read_revision(options: ServeOptions) -> str | None:
+    """This generation's revision: ``--revision-file``, ``--revision-command`` or ``--revision``."""
+    if options.revision_file is not None:
+        source = f"--revision-file {options.revision_file}"
+        try:
+            text = Path(options.revision_file).read_text().strip()
+        except OSError as error:
+            raise ConfigurationError(detail=f"{source}: {error.strerror or error}") from None
+    elif options.revision_command is not None:
+        source = f"--revision-command {options.revision_command!r}"
+        try:
+            done = subprocess.run(
+                shlex.split(options.revision_command),
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            )
+        except (OSError, subprocess.SubprocessError) as error:
+            raise ConfigurationError(detail=f"{source} failed: {error}") from None
+        text = done.stdout.strip()
+    else:
+        return options.revision
+    if not is_revision(text):
+        raise ConfigurationError(detail=f"{source} gave {text[:60]!r}, not 40 lowercase hex digits")
     return text
 
 

@@ -43,23 +43,19 @@ import dataclasses
 import logging
 import logging.config
 import secrets
-import shlex
 import signal
-import subprocess
 import time
 from collections.abc import Coroutine, Sequence
-from pathlib import Path
 from typing import Any, Final, TypeVar, final
 from urllib.parse import urlencode
 
 from .._errors import ConfigurationError
 from ..core.self_drain import UNKNOWN_REVISION
 from ..wire import paths
-from ..wire._types import is_revision
 from ..wire.drain import DRAIN_PROTOCOL, MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainState
 from .generation import Generation
 from .listeners import Listener, held_listeners
-from .options import ServeOptions
+from .options import ServeOptions, read_revision
 from .process import StartFailed, WorkerProcess
 from .server import SHUTDOWN_MARGIN, _log_config
 from .sockets import accept_queue_length, refuse_new_connections
@@ -95,34 +91,6 @@ def run_supervisor(app: str, options: ServeOptions) -> int:
     finally:
         for listener in listeners:
             listener.sock.close()
-
-
-def read_revision(options: ServeOptions) -> str | None:
-    """This generation's revision: ``--revision-file``, ``--revision-command`` or ``--revision``."""
-    if options.revision_file is not None:
-        source = f"--revision-file {options.revision_file}"
-        try:
-            text = Path(options.revision_file).read_text().strip()
-        except OSError as error:
-            raise ConfigurationError(detail=f"{source}: {error.strerror or error}") from None
-    elif options.revision_command is not None:
-        source = f"--revision-command {options.revision_command!r}"
-        try:
-            done = subprocess.run(
-                shlex.split(options.revision_command),
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=True,
-            )
-        except (OSError, subprocess.SubprocessError) as error:
-            raise ConfigurationError(detail=f"{source} failed: {error}") from None
-        text = done.stdout.strip()
-    else:
-        return options.revision
-    if not is_revision(text):
-        raise ConfigurationError(detail=f"{source} gave {text[:60]!r}, not 40 lowercase hex digits")
-    return text
 
 
 @final
