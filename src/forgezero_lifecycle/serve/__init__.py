@@ -26,9 +26,10 @@ on the same port (README "Several workers").
 Modules: ``options`` (flags and values), ``command`` (import the app, find its runtime),
 ``server`` (uvicorn under the runtime's control), ``connections`` (the stop of each
 connection), ``sockets`` (the stop of a listener), ``listeners`` (binding, systemd socket
-activation), ``supervisor`` (generations, stop, handover), ``generation`` (one generation's
-workers and drain), ``process`` (a worker as the supervisor sees it), ``worker`` (the worker
-process itself), ``channel`` (their private channel).
+activation), ``supervisor`` (generations, stop, handover), ``handoff`` (a generation's state,
+worker by worker, to the next), ``generation`` (one generation's workers and drain), ``process``
+(a worker as the supervisor sees it), ``worker`` (the worker process itself), ``channel`` (their
+private channel).
 """
 
 from .command import run as run

@@ -26,13 +26,9 @@
 A worker notices when the supervisor is gone (end of file on its channel, parent-death signal)
 and stops, so nothing is left running even after SIGKILL of the supervisor.
 
-State (when the app has a state adapter): worker k of g hands its state to worker k of g+1, once
-g is drained (so the export is final), through the state export protocol over a private loopback
-listener each worker has of its own, with the handoff token. Generations have the same number of
-workers; a handover whose new workers have no adapter, another protocol or schema version, or
-that has no handoff token is refused before g is touched (logged; g keeps serving). The new
-generation serves while the state is on its way: an adapter's import must merge with what the
-new worker did meanwhile (a counter adds).
+State (when the app has a state adapter): worker k of g hands its state to worker k of g+1 once
+g is drained (:mod:`.handoff`); a handover whose state cannot be handed over is refused before g
+is touched.
 """
 
 from __future__ import annotations
@@ -47,13 +43,12 @@ import signal
 import time
 from collections.abc import Coroutine, Sequence
 from typing import Any, Final, TypeVar, final
-from urllib.parse import urlencode
 
 from .._errors import ConfigurationError
 from ..core.self_drain import UNKNOWN_REVISION
-from ..wire import paths
 from ..wire.drain import DRAIN_PROTOCOL, MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainState
 from .generation import Generation
+from .handoff import hand_state_over, state_refusal
 from .listeners import Listener, held_listeners
 from .options import ServeOptions, read_revision
 from .process import StartFailed, WorkerProcess
@@ -296,7 +291,7 @@ class Supervisor:
             await new.stop(UNREADY_STOP_BOUND)
             logger.error("supervisor.handover_aborted: %s; %r keeps serving", error, old)
             return False
-        refusal = self._state_refusal(old, new)
+        refusal = state_refusal(old, new, self._options)
         if refusal is not None:
             logger.error("supervisor.handover_refused: %s; %r keeps serving", refusal, old)
             await new.stop(self._stop_bound)
@@ -307,7 +302,7 @@ class Supervisor:
         await asyncio.sleep(self._options.handover_grace)
         state = await drain(old, self._options.drain_timeout, target=revision)
         if old.workers[0].state_kind is not None:
-            await self._hand_state_over(old, new)
+            await hand_state_over(old, new, self._options)
         await old.stop(self._stop_bound)
         logger.info(
             "supervisor.handover_done from=%d to=%d old_drain=%s seconds=%.2f",
@@ -317,60 +312,6 @@ class Supervisor:
             time.monotonic() - began,
         )
         return True
-
-    def _state_refusal(self, old: Generation, new: Generation) -> str | None:
-        """Why the state of ``old`` cannot be handed to ``new`` worker by worker (None: it can)."""
-        kinds = [worker.state_kind for worker in old.workers]
-        if all(kind is None for kind in kinds):
-            return None
-        if self._options.handoff_token is None:
-            return (
-                "the app has a state adapter and no handoff token is set (FORGEZERO_HANDOFF_TOKEN)"
-            )
-        for before, after in zip(old.workers, new.workers, strict=True):
-            if before.state_kind != after.state_kind:
-                return (
-                    f"worker {before.index}'s state {before.state_kind} cannot be imported by "
-                    f"the new worker {after.index} ({after.state_kind})"
-                )
-        return None
-
-    async def _hand_state_over(self, old: Generation, new: Generation) -> None:
-        """Worker k of ``old`` hands its state to worker k of ``new`` (the state export)."""
-        source = old.revision or UNKNOWN_REVISION
-        target = new.revision or UNKNOWN_REVISION
-        timeout_ms = min(MAX_DRAIN_TIMEOUT_MS, max(1000, round(self._options.drain_timeout * 1000)))
-
-        async def one(before: WorkerProcess, after: WorkerProcess) -> None:
-            assert before.state_kind is not None
-            query = urlencode({"sourceRevision": source, "targetRevision": target})
-            request = {
-                "protocol": before.state_kind["protocol"],
-                "nonce": secrets.token_urlsafe(32),
-                "schemaVersion": before.state_kind["schemaVersion"],
-                "sourceRevision": source,
-                "targetRevision": target,
-                "source": {
-                    "url": f"http://127.0.0.1:{before.private_port}{paths.RUNTIME_STATE_EXPORT_PATH}?{query}",
-                    "authorization": f"Bearer {self._options.handoff_token}",
-                },
-            }
-            answer = await after.command("import", request=request, timeoutMs=timeout_ms)
-            status = answer.get("status", {})
-            if status.get("status") == "acknowledged":
-                logger.info(
-                    "supervisor.state_handed_over worker=%d cursor=%s",
-                    after.index,
-                    status.get("cursor"),
-                )
-            else:
-                logger.error(
-                    "supervisor.state_handoff_failed worker=%d failure=%s",
-                    after.index,
-                    status.get("failure") or answer.get("error"),
-                )
-
-        await asyncio.gather(*(one(b, a) for b, a in zip(old.workers, new.workers, strict=True)))
 
 
 async def drain(generation: Generation, timeout: float, *, target: str | None = None) -> DrainState:

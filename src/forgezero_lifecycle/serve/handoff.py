@@ -1,0 +1,82 @@
+"""The state of a generation, handed over worker by worker to the next one (``serve --workers``).
+
+State (when the app has a state adapter): worker k of g hands its state to worker k of g+1, once
+g is drained (so the export is final), through the state export protocol over a private loopback
+listener each worker has of its own, with the handoff token. Generations have the same number of
+workers; a handover whose new workers have no adapter, another protocol or schema version, or
+that has no handoff token is refused before g is touched (logged; g keeps serving). The new
+generation serves while the state is on its way: an adapter's import must merge with what the
+new worker did meanwhile (a counter adds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from urllib.parse import urlencode
+
+from ..core.self_drain import UNKNOWN_REVISION
+from ..wire import paths
+from ..wire.drain import MAX_DRAIN_TIMEOUT_MS
+from .generation import Generation
+from .options import ServeOptions
+from .process import WorkerProcess
+
+__all__ = ["hand_state_over", "state_refusal"]
+
+logger = logging.getLogger("forgezero_lifecycle.serve.supervisor")
+
+
+def state_refusal(old: Generation, new: Generation, options: ServeOptions) -> str | None:
+    """Why the state of ``old`` cannot be handed to ``new`` worker by worker (None: it can)."""
+    kinds = [worker.state_kind for worker in old.workers]
+    if all(kind is None for kind in kinds):
+        return None
+    if options.handoff_token is None:
+        return "the app has a state adapter and no handoff token is set (FORGEZERO_HANDOFF_TOKEN)"
+    for before, after in zip(old.workers, new.workers, strict=True):
+        if before.state_kind != after.state_kind:
+            return (
+                f"worker {before.index}'s state {before.state_kind} cannot be imported by "
+                f"the new worker {after.index} ({after.state_kind})"
+            )
+    return None
+
+
+async def hand_state_over(old: Generation, new: Generation, options: ServeOptions) -> None:
+    """Worker k of ``old`` hands its state to worker k of ``new`` (the state export)."""
+    source = old.revision or UNKNOWN_REVISION
+    target = new.revision or UNKNOWN_REVISION
+    timeout_ms = min(MAX_DRAIN_TIMEOUT_MS, max(1000, round(options.drain_timeout * 1000)))
+
+    async def one(before: WorkerProcess, after: WorkerProcess) -> None:
+        assert before.state_kind is not None
+        query = urlencode({"sourceRevision": source, "targetRevision": target})
+        request = {
+            "protocol": before.state_kind["protocol"],
+            "nonce": secrets.token_urlsafe(32),
+            "schemaVersion": before.state_kind["schemaVersion"],
+            "sourceRevision": source,
+            "targetRevision": target,
+            "source": {
+                "url": f"http://127.0.0.1:{before.private_port}{paths.RUNTIME_STATE_EXPORT_PATH}?{query}",
+                "authorization": f"Bearer {options.handoff_token}",
+            },
+        }
+        answer = await after.command("import", request=request, timeoutMs=timeout_ms)
+        status = answer.get("status", {})
+        if status.get("status") == "acknowledged":
+            logger.info(
+                "supervisor.state_handed_over worker=%d cursor=%s",
+                after.index,
+                status.get("cursor"),
+            )
+        else:
+            logger.error(
+                "supervisor.state_handoff_failed worker=%d failure=%s",
+                after.index,
+                status.get("failure") or answer.get("error"),
+            )
+
+    await asyncio.gather(*(one(b, a) for b, a in zip(old.workers, new.workers, strict=True)))
