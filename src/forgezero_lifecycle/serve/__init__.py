@@ -27,9 +27,10 @@ Modules: ``options`` (flags and values), ``command`` (import the app, find its r
 ``server`` (uvicorn under the runtime's control), ``connections`` (the stop of each
 connection), ``sockets`` (the stop of a listener), ``listeners`` (binding, systemd socket
 activation), ``supervisor`` (generations, stop, handover), ``handoff`` (a generation's state,
-worker by worker, to the next), ``generation`` (one generation's workers and drain), ``process``
-(a worker as the supervisor sees it), ``worker`` (the worker process itself), ``channel`` (their
-private channel).
+worker by worker, to the next), ``generation`` (one generation's workers and drain),
+``forwarding`` (the generation-wide control paths, forwarded by a worker and answered by the
+supervisor), ``process`` (a worker as the supervisor sees it), ``worker`` (the worker process
+itself), ``channel`` (their private channel).
 """
 
 from .command import run as run

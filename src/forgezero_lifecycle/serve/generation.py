@@ -3,10 +3,9 @@
 The generation owns a :class:`~forgezero_lifecycle.core.drain.DrainController` whose dependencies
 fan out to the workers over their private channels: ``begin`` reaches every worker's own runtime
 in the same instant with the same request (nonce, revisions, ``timeoutMs``), and the controller
-races the same deadline. The public control plane of any worker forwards the drain paths here
-and they are answered by a :class:`~forgezero_lifecycle.asgi.control.ControlApp` of this
-generation, so validation, authentication and error codes are the single-process ones. Status
-aggregates: counters are the sums over the workers, ``drained`` only once every worker drained,
+races the same deadline. The public control plane of any worker forwards the drain paths to
+the generation, which answers them with the single-process control plane (:mod:`.forwarding`).
+Status aggregates: counters are the sums over the workers, ``drained`` only once every worker drained,
 ``failed`` as soon as one failed or died (``detail.workers`` says which), and rollback rolls
 back every worker.
 """
@@ -15,20 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import logging
 import signal
 import socket
-from collections.abc import Callable, Coroutine, MutableMapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, final
 
-import orjson
-
 from .._errors import DrainFailed
-from ..asgi.control import ControlApp
 from ..core.drain import DrainController
-from ..wire import paths
 from ..wire.drain import DrainAccepted, DrainRequest, WorkCounters
+from .forwarding import ForwardedControl
 from .options import ServeOptions
 from .process import COUNTER_KINDS, StartFailed, WorkerProcess
 
@@ -58,21 +53,12 @@ class Generation:
         self._options = options
         self._listeners = listeners
         self._on_lost = on_lost
-        self._on_reload = on_reload
         self.workers = [WorkerProcess(self, index) for index in range(options.workers)]
         self.retired = False
         self._changed = asyncio.Event()
         self._acks: list[tuple[WorkerProcess, asyncio.Future[dict[str, Any]]]] = []
-        self._schedules: list[object] = []
         self.controller = DrainController(_FanOut(self), revision=self.revision)
-        self.control = ControlApp(
-            drain=self.controller,
-            is_ready=lambda: not self.controller.active,
-            intake_closed=lambda: self.controller.active,
-            control_token=options.control_token,
-            schedules=lambda: self._schedules,
-            loopback_only=options.insecure_loopback_control,
-        )
+        self.forwarded = ForwardedControl(self, options, on_reload=on_reload)
 
     def __repr__(self) -> str:
         return f"generation {self.number}"
@@ -193,97 +179,6 @@ class Generation:
                     totals[kind] += int(worker.in_flight.get(kind, 0))
         return WorkCounters(**totals)
 
-    async def refresh(self) -> None:
-        """Fresh counters and schedules from every worker (bounded by the command timeout)."""
-        answers = await asyncio.gather(
-            *(worker.command("schedules") for worker in self.workers),
-            *(worker.command("status") for worker in self.workers),
-        )
-        schedules: list[object] = []
-        for worker, answer in zip(self.workers, answers[: len(self.workers)], strict=True):
-            schedules.extend(
-                {**entry, "worker": worker.index, "pid": worker.pid}
-                for entry in answer.get("schedules", [])
-            )
-        self._schedules = schedules
-
-    async def answer_control(
-        self, worker: WorkerProcess, forwarded: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Answer a drain path a worker's control plane forwarded, for the whole generation."""
-        if forwarded["path"].rstrip("/") == paths.RUNTIME_SUPERVISOR_RELOAD_PATH:
-            return self._reload(forwarded)
-        if forwarded["path"].rstrip("/") == paths.RUNTIME_METRICS_PATH:
-            return await self._metrics(forwarded)
-        await self.refresh()
-        status, headers, body = await _call_asgi(self.control, forwarded)
-        path = forwarded["path"].rstrip("/")
-        if path in (paths.RUNTIME_DRAIN_BEGIN_PATH, paths.RUNTIME_DRAIN_ROLLBACK_PATH):
-            await self.acknowledged()
-        if status == 200 and path != paths.RUNTIME_SCHEDULES_STATUS_PATH:
-            document = orjson.loads(body)
-            document["detail"] = self.detail()
-            body = orjson.dumps(document)
-            headers = [(k, v) for k, v in headers if k != "content-length"]
-        return {"status": status, "headers": headers, "body": body.decode("latin-1")}
-
-    async def _metrics(self, forwarded: dict[str, Any]) -> dict[str, Any]:
-        """``GET metrics`` (opt-in, no token): every worker's scrape, labelled with its worker."""
-        if forwarded["method"] not in ("GET", "HEAD"):
-            return _json_answer(
-                405, {"error": "RUNTIME_METHOD_NOT_ALLOWED"}, [("allow", "GET, HEAD")]
-            )
-        workers = [worker for worker in self.workers if not worker.exited.is_set()]
-        answers = await asyncio.gather(*(worker.command("metrics") for worker in workers))
-        scraped = [
-            ({"worker": str(worker.index), "pid": str(worker.pid)}, answer["text"].encode())
-            for worker, answer in zip(workers, answers, strict=True)
-            if isinstance(answer.get("text"), str)
-        ]
-        if not scraped:  # the app serves no metrics: the path is unknown, as in one process
-            return _json_answer(404, {"error": "RUNTIME_NOT_FOUND"}, [])
-        from prometheus_client import CONTENT_TYPE_LATEST
-
-        from ..metrics import merge_expositions
-
-        body = b"" if forwarded["method"] == "HEAD" else merge_expositions(scraped)
-        headers = [["content-type", CONTENT_TYPE_LATEST]]
-        return {"status": 200, "headers": headers, "body": body.decode("latin-1")}
-
-    def _reload(self, forwarded: dict[str, Any]) -> dict[str, Any]:
-        """``POST supervisor/v1/reload`` (control token): begin a handover."""
-        headers = {k.lower(): v for k, v in forwarded["headers"]}
-        token = self._options.control_token
-        body: dict[str, object]
-        if forwarded["method"] != "POST":
-            status, body = 405, {"error": "RUNTIME_METHOD_NOT_ALLOWED"}
-        elif not _authorized(headers.get("authorization", ""), token) and not (
-            token is None
-            and self._options.insecure_loopback_control
-            and forwarded["client"] in ("127.0.0.1", "::1")
-        ):
-            status, body = 401, {"error": "RUNTIME_UNAUTHORIZED"}
-        elif self._on_reload():
-            status, body = 202, {"accepted": True}
-        else:
-            status, body = (
-                409,
-                {
-                    "error": "RUNTIME_RELOAD_BUSY",
-                    "detail": "a handover or the stop is running; try again once it is done",
-                },
-            )
-        extra = [("www-authenticate", "Bearer")] if status == 401 else []
-        return {
-            "status": status,
-            "headers": [
-                ("content-type", "application/json"),
-                ("cache-control", "no-store"),
-                *extra,
-            ],
-            "body": orjson.dumps(body).decode("latin-1"),
-        }
-
     def detail(self) -> dict[str, Any]:
         """The per-worker picture a status carries in ``detail``."""
         found: dict[str, Any] = {
@@ -363,64 +258,5 @@ class _FanOut:
         generation.fan_out("rollback", nonce=generation.request.nonce)
 
 
-def _authorized(header: str, token: str | None) -> bool:
-    scheme, _, presented = header.partition(" ")
-    if token is None or scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(presented.encode(), token.encode())
-
-
 async def _nothing() -> None:
     return None
-
-
-async def _call_asgi(
-    app: ControlApp, forwarded: dict[str, Any]
-) -> tuple[int, list[tuple[str, str]], bytes]:
-    """Run one forwarded request through ``app`` in this process."""
-    body = forwarded["body"].encode("latin-1")
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": forwarded["method"],
-        "scheme": "http",
-        "path": forwarded["path"],
-        "raw_path": forwarded["path"].encode("latin-1"),
-        "root_path": "",
-        "query_string": forwarded["query"].encode("latin-1"),
-        "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in forwarded["headers"]],
-        "client": (forwarded["client"], 0),
-        "server": None,
-    }
-    delivered = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal delivered
-        if delivered:
-            return {"type": "http.disconnect"}
-        delivered = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    start: dict[str, Any] = {}
-    chunks: list[bytes] = []
-
-    async def send(message: MutableMapping[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            start.update(message)
-        elif message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-
-    await app(scope, receive, send)
-    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in start.get("headers", [])]
-    return int(start.get("status", 500)), headers, b"".join(chunks)
-
-
-def _json_answer(
-    status: int, body: dict[str, str], headers: list[tuple[str, str]]
-) -> dict[str, Any]:
-    return {
-        "status": status,
-        "headers": [["content-type", "application/json"], *map(list, headers)],
-        "body": orjson.dumps(body).decode("latin-1"),
-    }

@@ -108,7 +108,7 @@ class WorkerProcess:
             self._report(message)
             return None
         if message.get("op") == "control":
-            return await self.generation.answer_control(self, message["request"])
+            return await self.generation.forwarded.answer(message["request"])
         return {"error": "RUNTIME_NOT_FOUND"}
 
     def _report(self, message: dict[str, Any]) -> None:

@@ -20,8 +20,8 @@ parent is gone): it then drains itself (or follows the drain begun) and lets ``s
 its stop, which leaves the shared kernel socket to the others.
 
 The drain paths of the control plane (``drain/v1/begin|status|current|rollback`` and
-``schedules/v1/status``) are answered for the whole generation: :class:`GenerationControl`
-forwards them to the supervisor, which commands every worker's runtime.
+``schedules/v1/status``) are answered for the whole generation: the worker forwards them to the
+supervisor, which commands every worker's runtime (:mod:`.forwarding`).
 """
 
 from __future__ import annotations
@@ -42,39 +42,22 @@ from typing import Any, Final, final
 import uvicorn
 
 from .._errors import LifecycleError
-from ..asgi._body import discard_body
-from ..asgi._paths import app_path
-from ..asgi._types import ASGIApp, Message, Receive, Scope, Send
-from ..asgi.control import MAX_CONTROL_BODY_BYTES
 from ..runtime import Runtime
 from ..wire import paths
 from .channel import Channel, ChannelClosed, read_frame_blocking
 from .command import load_app
+from .forwarding import GenerationControl
 from .options import ServeOptions
 from .server import _self_drain, serve_app
 
-__all__ = ["FORWARDED_PATHS", "PARENT_DEATH_SIGNAL", "GenerationControl", "main"]
+__all__ = ["PARENT_DEATH_SIGNAL", "main"]
 
 logger = logging.getLogger("forgezero_lifecycle.serve.worker")
 
-#: Control paths answered by the supervisor for the whole generation.
-FORWARDED_PATHS: Final = frozenset(
-    {
-        paths.RUNTIME_DRAIN_BEGIN_PATH,
-        paths.RUNTIME_DRAIN_STATUS_PATH,
-        paths.RUNTIME_DRAIN_CURRENT_PATH,
-        paths.RUNTIME_DRAIN_ROLLBACK_PATH,
-        paths.RUNTIME_SCHEDULES_STATUS_PATH,
-        paths.RUNTIME_METRICS_PATH,
-    }
-)
-#: The reload path exists only under a supervisor (``forgezero-lifecycle reload``).
-RELOAD_PATH: Final = paths.RUNTIME_SUPERVISOR_RELOAD_PATH
 #: Sent to a worker by the kernel when the supervisor dies (``PR_SET_PDEATHSIG``).
 PARENT_DEATH_SIGNAL: Final = signal.SIGUSR1
 _PR_SET_PDEATHSIG: Final = 1
 _COMMANDED: Final = {signal.SIGINT, signal.SIGTERM}
-_UNAVAILABLE: Final = b'{"error":"RUNTIME_SUPERVISOR_UNAVAILABLE"}'
 #: How often the worker looks whether uvicorn has finished starting (it offers no event).
 _STARTUP_LOOK: Final = 0.02
 
@@ -86,57 +69,6 @@ def _set_parent_death_signal(signum: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
         logger.warning("worker.pdeathsig_unavailable errno=%d", ctypes.get_errno())
-
-
-@final
-class GenerationControl:
-    """Pure ASGI: the generation-wide control paths go to the supervisor, the rest to ``app``."""
-
-    def __init__(self, app: ASGIApp, /, *, agent: WorkerAgent) -> None:
-        self.app = app
-        self._agent = agent
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = app_path(scope)
-        if path.rstrip("/") not in FORWARDED_PATHS and path.rstrip("/") != RELOAD_PATH:
-            await self.app(scope, receive, send)
-            return
-        body = await _read_capped(receive)
-        client = scope.get("client") or ("", 0)
-        forwarded = {
-            "method": scope["method"],
-            "path": path,
-            "query": scope.get("query_string", b"").decode("latin-1"),
-            "headers": [[k.decode("latin-1"), v.decode("latin-1")] for k, v in scope["headers"]],
-            "client": client[0],
-            "body": body.decode("latin-1"),
-        }
-        try:
-            answer = await self._agent.channel.request("control", timeout=30.0, request=forwarded)
-        except (ChannelClosed, TimeoutError):
-            answer = {"status": 503, "headers": [], "body": _UNAVAILABLE.decode("latin-1")}
-        await discard_body(scope, receive)
-        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer["headers"]]
-        if not any(k == b"content-type" for k, _ in headers):
-            headers.append((b"content-type", b"application/json"))
-        await send({"type": "http.response.start", "status": answer["status"], "headers": headers})
-        await send({"type": "http.response.body", "body": answer["body"].encode("latin-1")})
-
-
-async def _read_capped(receive: Receive) -> bytes:
-    """The request body, but never more than one byte past the control plane's limit."""
-    body = bytearray()
-    while len(body) <= MAX_CONTROL_BODY_BYTES:
-        message: Message = await receive()
-        if message["type"] != "http.request":
-            break
-        body += message.get("body", b"")
-        if not message.get("more_body", False):
-            break
-    return bytes(body[: MAX_CONTROL_BODY_BYTES + 1])
 
 
 @final
@@ -372,7 +304,7 @@ async def _serve(
     loop.add_signal_handler(PARENT_DEATH_SIGNAL, agent.stop, "the supervisor is gone")
     serving = asyncio.create_task(
         serve_app(
-            GenerationControl(app, agent=agent),
+            GenerationControl(app, channel=channel),
             runtime,
             options,
             sockets=[*listeners, private],
