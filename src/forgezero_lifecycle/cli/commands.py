@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from .. import _tokens as tokens
@@ -22,6 +22,8 @@ from ..wire.drain import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS
 from .output import EXIT_FAILED, EXIT_OK, Progress, report
 
 __all__ = ["COMMANDS", "WAIT_MARGIN", "UsageError", "export_url", "read_token"]
+
+S = TypeVar("S")
 
 #: Waiting goes on this long past the deadline the server enforces, unless --wait-timeout says.
 WAIT_MARGIN: Final = 10.0
@@ -58,6 +60,16 @@ def _client(args: argparse.Namespace, url: str) -> ControlClient:
     return ControlClient(url, token=token, retries=args.retries)
 
 
+async def _watched(args: argparse.Namespace, wait: Callable[[Progress], Awaitable[S]]) -> S:
+    """``wait`` with a progress line on stderr, given up after ``--wait-timeout``."""
+    progress = Progress(sys.stderr, deadline=args.timeout)
+    try:
+        async with asyncio.timeout(args.wait_timeout or args.timeout + WAIT_MARGIN):
+            return await wait(progress)
+    finally:
+        progress.close()
+
+
 async def _drain(args: argparse.Namespace) -> int:
     request = drain_request(
         source_revision=args.source_revision,
@@ -72,12 +84,9 @@ async def _drain(args: argparse.Namespace) -> int:
         if args.no_wait:
             status = await client.drain_status(request.nonce)
             return report(args, status.model_dump(mode="json", exclude_none=True))
-        progress = Progress(sys.stderr, deadline=args.timeout)
-        try:
-            async with asyncio.timeout(args.wait_timeout or args.timeout + WAIT_MARGIN):
-                status = await client.wait_drained(request.nonce, on_progress=progress.drain)
-        finally:
-            progress.close()
+        status = await _watched(
+            args, lambda progress: client.wait_drained(request.nonce, on_progress=progress.drain)
+        )
     return report(args, status.model_dump(mode="json", exclude_none=True))
 
 
@@ -115,12 +124,10 @@ async def _handoff(args: argparse.Namespace) -> int:
         if args.no_wait:
             status = await client.handoff_status(request.nonce)
         else:
-            progress = Progress(sys.stderr, deadline=args.timeout)
-            try:
-                async with asyncio.timeout(args.wait_timeout or args.timeout + WAIT_MARGIN):
-                    status = await client.wait_handoff(request.nonce, on_progress=progress.handoff)
-            finally:
-                progress.close()
+            status = await _watched(
+                args,
+                lambda progress: client.wait_handoff(request.nonce, on_progress=progress.handoff),
+            )
     return report(args, status.model_dump(mode="json", exclude_none=True))
 
 
