@@ -192,6 +192,42 @@ async def test_wait_drained_reports_progress_until_final() -> None:
 
 
 @pytest.mark.anyio
+async def test_reload_answers_its_handover_and_wait_handover_polls_that_one() -> None:
+    """``reload`` gives the handover's number; ``wait_handover`` asks for it by number, with the
+    control token, until it is no longer running."""
+    states = ["running", "running", "done"]
+    asked: list[tuple[str, str, str | None]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append((request.method, request.url.path, request.url.params.get("handover")))
+        assert request.headers["authorization"] == f"Bearer {CONTROL_TOKEN}"
+        if request.method == "POST":
+            return _json(202, {"accepted": True, "handover": 3})
+        state = states.pop(0)
+        return _json(
+            200,
+            {
+                "handover": 3,
+                "state": state,
+                "fromGeneration": 2,
+                "toGeneration": 3,
+                "detail": None,
+                "seconds": 2.5 if state == "done" else None,
+            },
+        )
+
+    async with _client(handler) as client:
+        accepted = await client.reload()
+        final = await client.wait_handover(accepted.handover, poll_interval=0.001)
+    assert (final.state, final.to_generation, final.seconds) == ("done", 3, 2.5)
+    supervisor = "/.forgezero/runtime/supervisor/v1/"
+    assert asked == [
+        ("POST", supervisor + "reload", None),
+        *[("GET", supervisor + "handover", "3")] * 3,
+    ]
+
+
+@pytest.mark.anyio
 async def test_current_drain_asks_without_a_nonce_and_maps_404() -> None:
     """current_drain() GETs drain/v1/current with the control token; 404 is DrainNotFound."""
     nonce = new_nonce()

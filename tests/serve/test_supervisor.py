@@ -8,16 +8,20 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from forgezero_lifecycle.wire.supervisor import HandoverStatus
 from tests.cli._run import run
 from tests.cli.conftest import CONTROL_TOKEN
 
-from .conftest import StartSupervised, alive, children
+from .conftest import AUTH, StartSupervised, alive, children
 
 pytestmark = pytest.mark.server
+
+HANDOVER = "/.forgezero/runtime/supervisor/v1/handover"
 
 
 def test_workers_share_the_port_and_sigterm_drains_then_exits_0(
@@ -139,20 +143,67 @@ def test_reload_through_the_control_plane_hands_over_to_fresh_workers(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``forgezero-lifecycle reload`` (control token) starts a new generation on the same port."""
+    """``forgezero-lifecycle reload`` (control token) starts a new generation on the same port
+    and returns once the handover is done: the old generation is gone by then."""
     monkeypatch.setenv("FORGEZERO_CONTROL_TOKEN", CONTROL_TOKEN)
     served = start_supervised(workers=2)
     before = set(served.workers())
-    refused = httpx.post(
-        served.url + "/.forgezero/runtime/supervisor/v1/reload", json={}, trust_env=False
-    )
-    assert refused.status_code == 401
-    assert run(capsys, "reload", "--url", served.url).code == 0
-    served.wait_log("supervisor.handover_done from=1 to=2")
+    for method in ("POST", "GET"):
+        path = "reload" if method == "POST" else "handover"
+        refused = httpx.request(
+            method, f"{served.url}/.forgezero/runtime/supervisor/v1/{path}", trust_env=False
+        )
+        assert refused.status_code == 401, path
+    assert served.get(HANDOVER, headers=AUTH).status_code == 404  # none begun yet
+    result = run(capsys, "reload", "--url", served.url)
+    assert result.code == 0, result.err
+    assert "supervisor.handover_done from=1 to=2" in served.log()  # done before reload returned
+    assert result.out.startswith("handover 1 done: generation 1 -> 2 in ")
+    assert not [pid for pid in before if alive(pid)]
     after = set(served.workers())
     assert len(after) == 2
     assert after.isdisjoint(before)
     assert served.pids_answering(2) == after
+    status = HandoverStatus.model_validate(
+        served.get(HANDOVER + "?handover=1", headers=AUTH).json()
+    )
+    assert (status.state, status.from_generation, status.to_generation) == ("done", 1, 2)
+    assert served.get(HANDOVER + "?handover=2", headers=AUTH).status_code == 404
+    assert served.get(HANDOVER + "?handover=x", headers=AUTH).status_code == 404
+
+
+def test_reload_of_a_generation_that_cannot_start_fails_and_says_why(
+    start_supervised: StartSupervised,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """The new generation crashes on import: reload exits 1 with the reason, the old one serves
+    on; ``--no-wait`` returns while the handover is still running."""
+    monkeypatch.setenv("FORGEZERO_CONTROL_TOKEN", CONTROL_TOKEN)
+    mode = tmp_path / "mode"
+    served = start_supervised("--start-timeout", "5s", workers=2, env={"FZW_MODE_FILE": str(mode)})
+    before = served.workers()
+    mode.write_text("crash")
+    result = run(capsys, "reload", "--url", served.url, "--json")
+    assert result.code == 1
+    status = HandoverStatus.model_validate_json(result.out)
+    assert (status.state, status.from_generation, status.to_generation) == ("aborted", 1, 2)
+    assert "generation 2 did not start" in (status.detail or "")
+    assert served.workers() == before
+    mode.write_text("hang")
+    begun = run(capsys, "reload", "--url", served.url, "--no-wait")
+    assert begun.code == 0
+    assert begun.out.startswith("handover 2 running: generation 1 -> ")
+
+    def latest() -> dict[str, Any]:
+        answer: dict[str, Any] = served.get(HANDOVER, headers=AUTH).json()
+        return answer
+
+    assert latest()["handover"] == 2
+    served.wait_for(lambda: latest()["state"] == "aborted", "handover 2 aborted", 30)
+    assert "was not ready within 5 s" in latest()["detail"]
+    assert served.workers() == before
 
 
 def test_systemd_socket_activation_serves_on_the_passed_socket(

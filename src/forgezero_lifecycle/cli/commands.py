@@ -19,14 +19,17 @@ from .. import _tokens as tokens
 from ..client import ControlClient, drain_request, handoff_request
 from ..wire import paths
 from ..wire.drain import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS
-from .output import EXIT_FAILED, EXIT_OK, Progress, report
+from .output import EXIT_FAILED, EXIT_OK, Progress, handover_summary, printable, report
 
-__all__ = ["COMMANDS", "WAIT_MARGIN", "UsageError", "export_url", "read_token"]
+__all__ = ["COMMANDS", "RELOAD_WAIT", "WAIT_MARGIN", "UsageError", "export_url", "read_token"]
 
 S = TypeVar("S")
 
 #: Waiting goes on this long past the deadline the server enforces, unless --wait-timeout says.
 WAIT_MARGIN: Final = 10.0
+#: How long ``reload`` waits for its handover by default: the new workers' start, the old
+#: generation's drain and stop are the supervisor's settings, which the client does not know.
+RELOAD_WAIT: Final = 300.0
 
 
 class UsageError(Exception):
@@ -143,9 +146,24 @@ def export_url(given: str, source_revision: str, target_revision: str) -> str:
 
 async def _reload(args: argparse.Namespace) -> int:
     async with _client(args, args.url) as client:
-        await client.reload()
-    print(f"handover to a new generation begun at {args.url}")
-    return EXIT_OK
+        accepted = await client.reload()
+        print(f"handover {accepted.handover} begun at {client.url}", file=sys.stderr)
+        if args.no_wait:
+            status = await client.handover_status(accepted.handover)
+        else:
+            progress = Progress(sys.stderr, deadline=args.wait_timeout)
+            try:
+                async with asyncio.timeout(args.wait_timeout):
+                    status = await client.wait_handover(
+                        accepted.handover, on_progress=progress.handover
+                    )
+            finally:
+                progress.close()
+    if args.json:
+        sys.stdout.write(status.model_dump_json(by_alias=True) + "\n")
+    else:
+        print(printable(handover_summary(status)))
+    return EXIT_FAILED if status.state == "aborted" else EXIT_OK
 
 
 async def _ready(args: argparse.Namespace) -> int:

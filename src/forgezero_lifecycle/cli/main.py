@@ -22,7 +22,7 @@ from .._errors import (
     Unauthorized,
 )
 from ..wire._types import first_problem, is_nonce
-from .commands import COMMANDS, WAIT_MARGIN, UsageError
+from .commands import COMMANDS, RELOAD_WAIT, WAIT_MARGIN, UsageError
 from .output import EXIT_FAILED, EXIT_GAVE_UP, EXIT_UNREACHABLE, EXIT_USAGE, fail
 
 __all__ = ["build_parser", "main"]
@@ -162,8 +162,21 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"give up waiting after this (default deadline + {WAIT_MARGIN:g}s)",
         )
         waiting.add_argument("--json", action="store_true", help="print the final status as JSON")
-    reload = command("reload", "serve --workers: hand over to a new generation (as SIGHUP)")
+    reload = command(
+        "reload", "serve --workers: hand over to a new generation (as SIGHUP) and wait until done"
+    )
     reload.add_argument("--url", required=True)
+    reload.add_argument(
+        "--no-wait", action="store_true", help="begin the handover and return at once"
+    )
+    reload.add_argument(
+        "--wait-timeout",
+        type=serve.parse_duration,
+        metavar="DURATION",
+        default=RELOAD_WAIT,
+        help=f"give up waiting after this (default {RELOAD_WAIT:g}s); the handover goes on",
+    )
+    reload.add_argument("--json", action="store_true", help="print the final status as JSON")
     ready = command("ready", "probe readiness (exit 0 ready, 1 draining)")
     ready.add_argument("--url", required=True)
 

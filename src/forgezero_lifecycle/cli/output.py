@@ -16,6 +16,7 @@ import orjson
 
 from ..wire.drain import DrainStatus
 from ..wire.handoff import StateHandoffStatus
+from ..wire.supervisor import HandoverStatus
 
 __all__ = [
     "EXIT_FAILED",
@@ -25,6 +26,7 @@ __all__ = [
     "EXIT_USAGE",
     "Progress",
     "fail",
+    "handover_summary",
     "printable",
     "report",
     "summary",
@@ -55,6 +57,9 @@ class Progress:
 
     def handoff(self, status: StateHandoffStatus) -> None:
         self._show(status.status)
+
+    def handover(self, status: HandoverStatus) -> None:
+        self._show(f"{status.state}  {_generations(status)}")
 
     def _show(self, line: str) -> None:
         clock = f"{time.monotonic() - self._started:.1f}s / {self._deadline:g}s"
@@ -100,6 +105,21 @@ def report(args: argparse.Namespace, status: dict[str, object]) -> int:
     if state in ("draining", "pending"):
         return EXIT_OK if args.command != "status" and args.no_wait else EXIT_GAVE_UP
     return EXIT_FAILED
+
+
+def handover_summary(status: HandoverStatus) -> str:
+    """One line for a handover's final (or, with ``--no-wait``, current) status."""
+    line = f"handover {status.handover} {status.state}: {_generations(status)}"
+    if status.seconds is not None:
+        line += f" in {status.seconds:.1f}s"
+    if status.detail:
+        line += f"; {status.detail}"
+    return line
+
+
+def _generations(status: HandoverStatus) -> str:
+    to = "?" if status.to_generation is None else str(status.to_generation)
+    return f"generation {status.from_generation} -> {to}"
 
 
 def fail(code: int, message: str) -> int:

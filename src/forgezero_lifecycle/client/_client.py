@@ -20,6 +20,7 @@ from .._tokens import check_handoff_token
 from ..wire import paths
 from ..wire.drain import DRAIN_PROTOCOL, DrainAccepted, DrainRequest, DrainStatus
 from ..wire.handoff import StateEnvelope, StateHandoffRequest, StateHandoffStatus, StateSource
+from ..wire.supervisor import HandoverStatus, ReloadAccepted
 
 __all__ = ["ControlClient", "drain_request", "handoff_request", "new_nonce"]
 
@@ -175,13 +176,39 @@ class ControlClient:
 
     # Supervisor.
 
-    async def reload(self) -> None:
+    async def reload(self) -> ReloadAccepted:
         """Ask a ``serve --workers`` supervisor to hand over to a new generation (as SIGHUP).
 
-        Returns once the handover has begun; a handover or stop already running answers
-        ``RUNTIME_RELOAD_BUSY`` (raised as a remote error).
+        Returns once the handover has begun, with its number for :meth:`wait_handover`; a
+        handover or stop already running answers ``RUNTIME_RELOAD_BUSY`` (raised as a remote
+        error).
         """
-        await self._send("POST", paths.RUNTIME_SUPERVISOR_RELOAD_PATH, json={}, auth="control")
+        return await self._call(
+            ReloadAccepted, "POST", paths.RUNTIME_SUPERVISOR_RELOAD_PATH, json={}
+        )
+
+    async def handover_status(self, handover: int | None = None) -> HandoverStatus:
+        """How handover ``handover`` (the number :meth:`reload` answered; None: the latest) is
+        going: ``running``, ``done`` or ``aborted``."""
+        params = None if handover is None else {"handover": str(handover)}
+        return await self._call(
+            HandoverStatus, "GET", paths.RUNTIME_SUPERVISOR_HANDOVER_PATH, params=params
+        )
+
+    async def wait_handover(
+        self,
+        handover: int,
+        *,
+        on_progress: Callable[[HandoverStatus], object] | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> HandoverStatus:
+        """Poll until the handover is done or aborted (see :meth:`wait_drained`)."""
+        return await self._wait(
+            lambda: self.handover_status(handover),
+            lambda s: s.state != "running",
+            on_progress,
+            poll_interval,
+        )
 
     # State handoff.
 

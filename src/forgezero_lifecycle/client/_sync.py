@@ -11,6 +11,7 @@ import httpx
 
 from ..wire.drain import DrainStatus
 from ..wire.handoff import StateHandoffStatus
+from ..wire.supervisor import HandoverStatus
 from ._client import DEFAULT_POLL_INTERVAL, DEFAULT_RETRIES, DEFAULT_TIMEOUT, ControlClient
 
 __all__ = ["SyncControlClient"]
@@ -79,6 +80,7 @@ class SyncControlClient:
     current_drain = _blocking(ControlClient.current_drain)
     rollback = _blocking(ControlClient.rollback)
     reload = _blocking(ControlClient.reload)
+    handover_status = _blocking(ControlClient.handover_status)
     export_state = _blocking(ControlClient.export_state)
     begin_handoff = _blocking(ControlClient.begin_handoff)
     handoff_status = _blocking(ControlClient.handoff_status)
@@ -114,6 +116,20 @@ class SyncControlClient:
         """Poll until the handoff is acknowledged or failed (see :meth:`wait_drained`)."""
         waiting = self._client.wait_handoff(
             nonce, on_progress=on_progress, poll_interval=poll_interval
+        )
+        return self._runner.run(_within(timeout, waiting))
+
+    def wait_handover(
+        self,
+        handover: int,
+        *,
+        on_progress: Callable[[HandoverStatus], object] | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        timeout: float | None = None,
+    ) -> HandoverStatus:
+        """Poll until the handover is done or aborted (see :meth:`wait_drained`)."""
+        waiting = self._client.wait_handover(
+            handover, on_progress=on_progress, poll_interval=poll_interval
         )
         return self._runner.run(_within(timeout, waiting))
 

@@ -2,7 +2,7 @@
 supervisor answers them for the whole generation.
 
 A worker's control plane does not answer the drain paths (``drain/v1/begin|status|current|
-rollback``), ``schedules/v1/status``, ``metrics`` or ``supervisor/v1/reload`` itself:
+rollback``), ``schedules/v1/status``, ``metrics`` or ``supervisor/v1/reload|handover`` itself:
 :class:`GenerationControl` (pure ASGI, in the worker) sends each such request over the worker's
 private channel as one ``control`` command, every field latin-1 text::
 
@@ -13,7 +13,8 @@ and :class:`ForwardedControl` (in the supervisor, one per generation) answers it
 :class:`~forgezero_lifecycle.asgi.control.ControlApp` over the generation's drain controller, so
 validation, authentication and error codes are the single-process ones, with the per-worker
 picture in ``detail``; ``metrics`` as every worker's scrape, labelled with its worker;
-``reload`` as the begin of a handover. A supervisor that does not answer in time is a 503
+``reload`` as the begin of a handover, answered with its number, and ``handover`` from the
+supervisor's record of it (:mod:`.handovers`). A supervisor that does not answer in time is a 503
 ``RUNTIME_SUPERVISOR_UNAVAILABLE``.
 """
 
@@ -23,6 +24,7 @@ import asyncio
 import hmac
 from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, Final, final
+from urllib.parse import parse_qs
 
 import orjson
 
@@ -32,6 +34,7 @@ from ..asgi._types import ASGIApp, Message, Receive, Scope, Send
 from ..asgi.control import MAX_CONTROL_BODY_BYTES, ControlApp
 from ..wire import paths
 from .channel import Channel, ChannelClosed
+from .handovers import HandoverLog
 from .options import ServeOptions
 
 if TYPE_CHECKING:
@@ -50,8 +53,10 @@ FORWARDED_PATHS: Final = frozenset(
         paths.RUNTIME_METRICS_PATH,
     }
 )
-#: The reload path exists only under a supervisor (``forgezero-lifecycle reload``).
-RELOAD_PATH: Final = paths.RUNTIME_SUPERVISOR_RELOAD_PATH
+#: The paths that exist only under a supervisor (``forgezero-lifecycle reload``).
+SUPERVISOR_PATHS: Final = frozenset(
+    {paths.RUNTIME_SUPERVISOR_RELOAD_PATH, paths.RUNTIME_SUPERVISOR_HANDOVER_PATH}
+)
 #: The answer when the supervisor does not answer a forwarded request.
 _UNAVAILABLE: Final = b'{"error":"RUNTIME_SUPERVISOR_UNAVAILABLE"}'
 
@@ -73,7 +78,7 @@ class GenerationControl:
             await self.app(scope, receive, send)
             return
         path = app_path(scope)
-        if path.rstrip("/") not in FORWARDED_PATHS and path.rstrip("/") != RELOAD_PATH:
+        if path.rstrip("/") not in FORWARDED_PATHS and path.rstrip("/") not in SUPERVISOR_PATHS:
             await self.app(scope, receive, send)
             return
         body = await _read_capped(receive)
@@ -119,11 +124,17 @@ class ForwardedControl:
     """One generation's answers, in the supervisor, to the control requests its workers forward."""
 
     def __init__(
-        self, generation: Generation, options: ServeOptions, *, on_reload: Callable[[], bool]
+        self,
+        generation: Generation,
+        options: ServeOptions,
+        *,
+        on_reload: Callable[[], int | None],
+        handovers: HandoverLog,
     ) -> None:
         self._generation = generation
         self._options = options
         self._on_reload = on_reload
+        self._handovers = handovers
         self._schedules: list[object] = []
         controller = generation.controller
         self.app = ControlApp(
@@ -139,6 +150,8 @@ class ForwardedControl:
         """Answer a control path a worker's control plane forwarded, for the whole generation."""
         if forwarded["path"].rstrip("/") == paths.RUNTIME_SUPERVISOR_RELOAD_PATH:
             return self._reload(forwarded)
+        if forwarded["path"].rstrip("/") == paths.RUNTIME_SUPERVISOR_HANDOVER_PATH:
+            return self._handover(forwarded)
         if forwarded["path"].rstrip("/") == paths.RUNTIME_METRICS_PATH:
             return await self._metrics(forwarded)
         await self._refresh()
@@ -193,37 +206,47 @@ class ForwardedControl:
 
     def _reload(self, forwarded: dict[str, Any]) -> dict[str, Any]:
         """``POST supervisor/v1/reload`` (control token): begin a handover."""
+        refused = self._refused(forwarded, "POST")
+        if refused is not None:
+            return refused
+        number = self._on_reload()
+        if number is None:
+            detail = "a handover or the stop is running; try again once it is done"
+            return _json_answer(409, {"error": "RUNTIME_RELOAD_BUSY", "detail": detail}, [])
+        return _json_answer(202, {"accepted": True, "handover": number}, [])
+
+    def _handover(self, forwarded: dict[str, Any]) -> dict[str, Any]:
+        """``GET supervisor/v1/handover[?handover=N]`` (control token): how a handover went."""
+        refused = self._refused(forwarded, "GET")
+        if refused is not None:
+            return refused
+        wanted = parse_qs(forwarded["query"]).get("handover", [None])[-1]
+        number = int(wanted) if wanted and wanted.isascii() and wanted.isdigit() else None
+        handover = self._handovers.find(number) if wanted is None or number else None
+        if handover is None:
+            detail = (
+                "no handover has begun"
+                if wanted is None
+                else "no handover with this number (give the number reload answered)"
+            )
+            return _json_answer(404, {"error": "RUNTIME_NOT_FOUND", "detail": detail}, [])
+        return _json_answer(200, handover.wire(), [])
+
+    def _refused(self, forwarded: dict[str, Any], method: str) -> dict[str, Any] | None:
+        """The answer for a wrong method or a missing control token, else None."""
+        if forwarded["method"] != method:
+            return _json_answer(405, {"error": "RUNTIME_METHOD_NOT_ALLOWED"}, [("allow", method)])
         headers = {k.lower(): v for k, v in forwarded["headers"]}
         token = self._options.control_token
-        body: dict[str, object]
-        if forwarded["method"] != "POST":
-            status, body = 405, {"error": "RUNTIME_METHOD_NOT_ALLOWED"}
-        elif not _authorized(headers.get("authorization", ""), token) and not (
+        if _authorized(headers.get("authorization", ""), token) or (
             token is None
             and self._options.insecure_loopback_control
             and forwarded["client"] in ("127.0.0.1", "::1")
         ):
-            status, body = 401, {"error": "RUNTIME_UNAUTHORIZED"}
-        elif self._on_reload():
-            status, body = 202, {"accepted": True}
-        else:
-            status, body = (
-                409,
-                {
-                    "error": "RUNTIME_RELOAD_BUSY",
-                    "detail": "a handover or the stop is running; try again once it is done",
-                },
-            )
-        extra = [("www-authenticate", "Bearer")] if status == 401 else []
-        return {
-            "status": status,
-            "headers": [
-                ("content-type", "application/json"),
-                ("cache-control", "no-store"),
-                *extra,
-            ],
-            "body": orjson.dumps(body).decode("latin-1"),
-        }
+            return None
+        return _json_answer(
+            401, {"error": "RUNTIME_UNAUTHORIZED"}, [("www-authenticate", "Bearer")]
+        )
 
 
 def _authorized(header: str, token: str | None) -> bool:
@@ -276,10 +299,14 @@ async def _call_asgi(
 
 
 def _json_answer(
-    status: int, body: dict[str, str], headers: list[tuple[str, str]]
+    status: int, body: dict[str, object], headers: list[tuple[str, str]]
 ) -> dict[str, Any]:
     return {
         "status": status,
-        "headers": [["content-type", "application/json"], *map(list, headers)],
+        "headers": [
+            ["content-type", "application/json"],
+            ["cache-control", "no-store"],
+            *map(list, headers),
+        ],
         "body": orjson.dumps(body).decode("latin-1"),
     }

@@ -24,6 +24,7 @@ from .._errors import DrainFailed
 from ..core.drain import DrainController
 from ..wire.drain import DrainAccepted, DrainRequest, WorkCounters
 from .forwarding import ForwardedControl
+from .handovers import HandoverLog
 from .options import ServeOptions
 from .process import COUNTER_KINDS, StartFailed, WorkerProcess
 
@@ -44,7 +45,8 @@ class Generation:
         options: ServeOptions,
         listeners: Sequence[socket.socket],
         on_lost: Callable[[WorkerProcess], None],
-        on_reload: Callable[[], bool],
+        on_reload: Callable[[], int | None],
+        handovers: HandoverLog,
     ) -> None:
         assert options.workers is not None
         self.number = number
@@ -58,7 +60,7 @@ class Generation:
         self._changed = asyncio.Event()
         self._acks: list[tuple[WorkerProcess, asyncio.Future[dict[str, Any]]]] = []
         self.controller = DrainController(_FanOut(self), revision=self.revision)
-        self.forwarded = ForwardedControl(self, options, on_reload=on_reload)
+        self.forwarded = ForwardedControl(self, options, on_reload=on_reload, handovers=handovers)
 
     def __repr__(self) -> str:
         return f"generation {self.number}"

@@ -49,6 +49,7 @@ from ..core.self_drain import UNKNOWN_REVISION
 from ..wire.drain import DRAIN_PROTOCOL, MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainState
 from .generation import Generation
 from .handoff import hand_state_over, state_refusal
+from .handovers import Handover, HandoverLog
 from .listeners import Listener, held_listeners
 from .options import ServeOptions, read_revision
 from .process import StartFailed, WorkerProcess
@@ -107,7 +108,8 @@ class Supervisor:
         self.current: Generation | None = None
         self._generations: list[Generation] = []
         self._stopping: asyncio.Task[None] | None = None
-        self._handover: asyncio.Task[bool] | None = None
+        self._handover: asyncio.Task[None] | None = None
+        self.handovers = HandoverLog()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._done = asyncio.Event()
         self._exit = 1
@@ -122,6 +124,7 @@ class Supervisor:
             listeners=[listener.sock for listener in self._listeners],
             on_lost=self._replace,
             on_reload=self.reload,
+            handovers=self.handovers,
         )
         self._generations.append(generation)
         return generation
@@ -258,30 +261,35 @@ class Supervisor:
         if not self.reload():
             logger.warning("supervisor.reload_refused: a handover or the stop is running")
 
-    def reload(self) -> bool:
-        """Begin a handover to a new generation; False when one (or the stop) is running."""
+    def reload(self) -> int | None:
+        """Begin a handover to a new generation and return its number (for
+        ``supervisor/v1/handover``); None when one (or the stop) is running."""
         if self._stopping is not None or self.current is None:
-            return False
+            return None
         if self._handover is not None and not self._handover.done():
-            return False
-        self._handover = self._spawn(self._hand_over(self.current))
-        return True
+            return None
+        handover = self.handovers.begin(self.current.number)
+        self._handover = self._spawn(self._hand_over(self.current, handover))
+        return handover.number
 
-    async def _hand_over(self, old: Generation) -> bool:
+    async def _hand_over(self, old: Generation, handover: Handover) -> None:
         try:
-            return await self._try_hand_over(old)
-        except Exception:
+            aborted = await self._try_hand_over(old, handover)
+        except Exception as error:
             logger.exception("supervisor.handover_crashed: %r keeps serving", old)
-            return False
+            aborted = f"the handover crashed ({type(error).__name__}); see the supervisor's log"
+        handover.end("done" if aborted is None else "aborted", aborted)
 
-    async def _try_hand_over(self, old: Generation) -> bool:
+    async def _try_hand_over(self, old: Generation, handover: Handover) -> str | None:
+        """Hand over from ``old``; None when done, else why it was aborted (``old`` serves on)."""
         began = time.monotonic()
         try:
             revision = read_revision(self._options)
         except ConfigurationError as error:
             logger.error("supervisor.handover_aborted: %s; %r keeps serving", error.detail, old)
-            return False
+            return f"the revision could not be read: {error.detail}"
         new = self._new_generation(revision)
+        handover.to_generation = new.number
         logger.info(
             "supervisor.handover_begin from=%d to=%d revision=%s", old.number, new.number, revision
         )
@@ -290,12 +298,12 @@ class Supervisor:
         except StartFailed as error:
             await new.stop(UNREADY_STOP_BOUND)
             logger.error("supervisor.handover_aborted: %s; %r keeps serving", error, old)
-            return False
+            return f"generation {new.number} did not start: {error}"
         refusal = state_refusal(old, new, self._options)
         if refusal is not None:
             logger.error("supervisor.handover_refused: %s; %r keeps serving", refusal, old)
             await new.stop(self._stop_bound)
-            return False
+            return f"generation {new.number} cannot take the state: {refusal}"
         self.current = new
         logger.info("supervisor.new_generation_ready generation=%d pids=%s", new.number, new.pids)
         await asyncio.gather(*(worker.command("stop_accepting") for worker in old.workers))
@@ -311,7 +319,7 @@ class Supervisor:
             state,
             time.monotonic() - began,
         )
-        return True
+        return None
 
 
 async def drain(generation: Generation, timeout: float, *, target: str | None = None) -> DrainState:

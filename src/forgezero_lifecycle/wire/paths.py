@@ -20,6 +20,7 @@ __all__ = [
     "RUNTIME_STATE_BEGIN_PATH",
     "RUNTIME_STATE_EXPORT_PATH",
     "RUNTIME_STATE_STATUS_PATH",
+    "RUNTIME_SUPERVISOR_HANDOVER_PATH",
     "RUNTIME_SUPERVISOR_RELOAD_PATH",
 ]
 
@@ -43,3 +44,5 @@ RUNTIME_OPENAPI_PATH: Final = "/.forgezero/runtime/openapi.json"
 RUNTIME_METRICS_PATH: Final = "/.forgezero/runtime/metrics"
 #: Only under ``forgezero-lifecycle serve --workers``: begin a handover to a new generation.
 RUNTIME_SUPERVISOR_RELOAD_PATH: Final = "/.forgezero/runtime/supervisor/v1/reload"
+#: Only under ``forgezero-lifecycle serve --workers``: how a handover begun by reload went.
+RUNTIME_SUPERVISOR_HANDOVER_PATH: Final = "/.forgezero/runtime/supervisor/v1/handover"
