@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import decimal
 import enum
@@ -75,6 +76,11 @@ class Ratio(float):
     pass
 
 
+@dataclasses.dataclass
+class Point:
+    x: int
+
+
 # -- types ------------------------------------------------------------------------------------
 
 
@@ -109,6 +115,7 @@ def test_tuples_are_arrays() -> None:
         Tags(["a"]),
         Name("a"),
         Ratio(0.5),
+        Point(1),
         object(),
     ],
     ids=lambda value: type(value).__name__,
@@ -324,6 +331,8 @@ def test_gc_referents_give_the_members_the_fast_encoder_walks() -> None:
         Tags(["a"]),
         Name("a"),
         Ratio(0.5),
+        Point(1),
+        datetime.date(2024, 2, 29),
         math.nan,
         -math.inf,
     ],

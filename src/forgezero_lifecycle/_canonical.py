@@ -20,10 +20,10 @@ rounded to doubles, as the JavaScript does):
 Two encoders give the same bytes. The exact one is iterative and handles everything, errors
 included (about 150 ms per MiB). The fast one (under 3x orjson with sorted keys; see
 ``bench/canonical.py``) lets orjson encode, with sorted keys and strings escaped as
-JSON.stringify escapes them; checks the value level by level in C-speed passes (exact types,
-which orjson does not check: it encodes enums, UUIDs and ``orjson.Fragment`` silently, and
-prints NaN and infinities as ``null``); and rewrites the float tokens orjson prints unlike
-ECMAScript (``100.0``, ``1e+16``). Where orjson refuses a part (a lone surrogate, an int beyond
+JSON.stringify escapes them, and subclasses, dataclasses and datetimes refused; walks the value
+level by level in C-speed passes, to collect its floats and to refuse what orjson still encodes
+silently (enums, UUIDs, ``orjson.Fragment``; NaN and infinities it prints as ``null``); and
+rewrites the float tokens orjson prints unlike ECMAScript (``100.0``, ``1e+16``). Where orjson refuses a part (a lone surrogate, an int beyond
 2**53, deep nesting) or code point order may differ from UTF-16 order, only that part is taken
 apart. A fault goes to the exact encoder, whose message names the place by array index and never
 shows object keys: keys are state data.
@@ -31,10 +31,12 @@ shows object keys: keys are state data.
 
 from __future__ import annotations
 
+import enum
 import gc
 import hashlib
 import math
 import re
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, count, pairwise, repeat
 from json.encoder import encode_basestring
@@ -56,8 +58,17 @@ _SAFE_INTEGER: Final = 2**53
 _CODE: Final = "RUNTIME_STATE_VALUE_INVALID"
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
-_ORJSON_OPTIONS: Final = orjson.OPT_SORT_KEYS | orjson.OPT_STRICT_INTEGER
-_JSON_TYPES: Final = frozenset((dict, list, tuple, str, int, float, bool, type(None)))
+#: With these, orjson refuses subclasses, dataclasses and datetimes; it still encodes UUIDs, enum
+#: members and ``orjson.Fragment``, which the walk in :func:`_floats` refuses.
+_ORJSON_OPTIONS: Final = (
+    orjson.OPT_SORT_KEYS
+    | orjson.OPT_STRICT_INTEGER
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+)
+#: The leaves the walk picks out: floats, and fragments (which have no referents to give them away).
+_PICKED: Final = frozenset((float, orjson.Fragment))
 #: UTF-8 lead bytes of U+E000..U+FFFF and of U+10000 and above: sorted differently in UTF-16.
 _LATE_BMP: Final = (b"\xee", b"\xef")
 _ASTRAL: Final = (b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4")
@@ -67,14 +78,29 @@ _ORJSON_FLOATS_AS_EXPECTED: Final = (
     orjson.dumps([0.1, 100.0, -0.0, 1e-5, 1.5e-7, 1e16, 1e21, 5e-324])
     == b"[0.1,100.0,-0.0,0.00001,1.5e-7,1e+16,1e+21,5e-324]"
 )
+
+
+class _Probe(enum.Enum):
+    MEMBER = 1
+
+
 #: The fast encoder walks a value with ``gc.get_referents``, which gives exactly a list's and a
-#: tuple's items and a dict's values (and its keys, if not all are str) in CPython; the fast
-#: encoder is off where that does not hold.
-_PROBE: Final[list[object]] = ["a", 0.5, (1.5,), {"k": [2.5]}]
+#: tuple's items and a dict's values (and its keys, if not all are str) in CPython, and for an
+#: instance of a class (a UUID, an enum member) its class, which gives itself again through its
+#: ``__mro__``, so that a walk that meets one does not end. The fast encoder is off where this
+#: does not hold.
+_PROBE: Final[list[object]] = ["a", 0.5, (1.5,), {"k": [2.5]}, uuid.UUID(int=1), _Probe.MEMBER]
 _REFERENTS_AS_EXPECTED: Final = (
     sorted(map(id, gc.get_referents(_PROBE))) == sorted(map(id, _PROBE))
     and gc.get_referents(_PROBE[2]) == [1.5]
     and gc.get_referents(_PROBE[3]) in ([[2.5]], ["k", [2.5]], [[2.5], "k"])
+    and uuid.UUID in gc.get_referents(_PROBE[4])
+    and _Probe in gc.get_referents(_PROBE[5])
+    and all(
+        any(referent is kind.__mro__ for referent in gc.get_referents(kind))
+        and any(referent is kind for referent in gc.get_referents(kind.__mro__))
+        for kind in (uuid.UUID, _Probe)
+    )
 )
 #: Float tokens orjson prints unlike ECMAScript (rewritten only where they are outside strings).
 _INTEGRAL: Final = re.compile(rb"\.0(?=[,\]}]|\Z)")
@@ -271,7 +297,7 @@ def _serialize(value: object, depth: int) -> bytes:
         return _assemble(value, depth)
     if not encoded.isascii() and _mixes_planes(encoded):
         return _assemble(value, depth)
-    floats = _floats(value)
+    floats = _floats(value, len(encoded))
     return _ecmascript_floats(encoded, floats) if floats else encoded
 
 
@@ -286,18 +312,23 @@ def _assemble(value: object, depth: int) -> bytes:
     Members go back to :func:`_serialize` in groups of about sqrt(n), and a group that fails
     again member by member, so a fault costs a few orjson calls, not one per member.
     """
-    if isinstance(value, dict):
-        keys = _sorted_keys(value)
+    kind = type(value)  # exact types: _scalar refuses a subclass, naming it
+    if kind is dict:
+        mapping = cast("dict[object, object]", value)
+        keys = _sorted_keys(mapping)
         if len(keys) > _GROUP:
-            groups = ({key: value[key] for key in group} for group in _groups(keys))
+            groups = ({key: mapping[key] for key in group} for group in _groups(keys))
             return b"{" + b",".join(_serialize(group, depth)[1:-1] for group in groups) + b"}"
-        members = (_quote(key).encode() + b":" + _serialize(value[key], depth + 1) for key in keys)
+        members = (
+            _quote(key).encode() + b":" + _serialize(mapping[key], depth + 1) for key in keys
+        )
         return b"{" + b",".join(members) + b"}"
-    if isinstance(value, list | tuple):
-        if len(value) > _GROUP:
-            parts = (_serialize(list(group), depth)[1:-1] for group in _groups(value))
+    if kind is list or kind is tuple:
+        items = cast("Sequence[object]", value)
+        if len(items) > _GROUP:
+            parts = (_serialize(list(group), depth)[1:-1] for group in _groups(items))
             return b"[" + b",".join(parts) + b"]"
-        return b"[" + b",".join(_serialize(member, depth + 1) for member in value) + b"]"
+        return b"[" + b",".join(_serialize(member, depth + 1) for member in items) + b"]"
     return _scalar(value).encode()
 
 
@@ -306,25 +337,34 @@ def _groups(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
     return (items[start : start + size] for start in range(0, len(items), size))
 
 
-def _floats(value: object) -> list[float]:
-    """Every float in ``value`` (which orjson encoded, so it is acyclic); refuses other types.
+def _floats(value: object, size: int) -> list[float]:
+    """Every float in ``value``, which orjson encoded in ``size`` bytes; refuses what is not JSON.
 
-    Breadth first, a whole level of the tree per pass at C speed: the set of its types (only
-    the exact JSON types pass: orjson itself would encode enums, UUIDs, dataclasses,
-    ``orjson.Fragment`` and subclasses), its floats, and the next level from
-    ``gc.get_referents``, which gives a list's or tuple's items and a dict's values (and keys,
-    for a dict whose keys are not all ``str``; orjson refused those already).
+    With :data:`_ORJSON_OPTIONS`, orjson encodes the exact JSON types and also UUIDs, enum
+    members and ``orjson.Fragment``. The walk goes breadth first, a whole level of the tree per
+    step: one comprehension picks out its floats and fragments, and ``gc.get_referents`` gives
+    the next level, a list's or tuple's items and a dict's values (and keys, for a dict whose keys
+    are not all ``str``). A UUID or an enum member gives its class, and a class gives itself
+    again, so such a walk never ends: it is refused once it has met more objects than ``size``,
+    more than a JSON text of ``size`` bytes holds (for a 1 MiB value, a walk about as long as
+    the exact encoder's refusal that follows). A fragment has no referents; ``sum`` of the picked leaves refuses
+    it. Per object this is one type test, where a set of each level's types and a second pass for
+    the floats cost two.
     """
-    floats: list[float] = []
+    picked: list[Any] = []
     level: list[Any] = [value]
+    budget = size
     while level:
-        present = set(map(type, level))
-        if not present <= _JSON_TYPES:
+        budget -= len(level)
+        if budget < 0:
             raise _Refused
-        if float in present:
-            floats += [item for item in level if type(item) is float]
+        picked += [item for item in level if type(item) in _PICKED]
         level = gc.get_referents(*level)
-    return floats
+    try:
+        sum(picked, 0.0)  # C speed over floats; a TypeError at a fragment
+    except TypeError:
+        raise _Refused from None
+    return picked
 
 
 def _ecmascript_floats(encoded: bytes, floats: list[float]) -> bytes:
