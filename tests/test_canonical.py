@@ -21,19 +21,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forgezero_lifecycle import _canonical
-from forgezero_lifecycle._canonical import MAX_DEPTH, canonical_json, state_digest
+from forgezero_lifecycle._canonical import MAX_DEPTH, _exact, _fast, canonical_json, state_digest
 from forgezero_lifecycle._errors import StateInputInvalid
 
 from .conformance._vectors import expected, vectors
 
 
 def exact(value: object) -> bytes:
-    return _canonical._exact(value, 0).encode()
+    return _exact.encode(value, 0).encode()
 
 
 def fast(value: object) -> bytes:
-    return _canonical._serialize(value, 0)
+    return _fast.encode(value, 0)
 
 
 def refusal(value: object) -> StateInputInvalid:
@@ -311,12 +310,12 @@ def test_state_digest_is_sha256_of_the_canonical_bytes() -> None:
 
 def test_orjson_prints_floats_as_the_fast_encoder_expects() -> None:
     """If an orjson release changes its float format, the fast encoder switches itself off."""
-    assert _canonical._ORJSON_FLOATS_AS_EXPECTED
+    assert _fast._ORJSON_FLOATS_AS_EXPECTED
 
 
 def test_gc_referents_give_the_members_the_fast_encoder_walks() -> None:
     """The fast encoder finds every member through gc.get_referents; it is on here (CPython)."""
-    assert _canonical._REFERENTS_AS_EXPECTED
+    assert _fast._REFERENTS_AS_EXPECTED
 
 
 @pytest.mark.parametrize(
@@ -388,7 +387,7 @@ def _outcome(encode: Any, value: object) -> bytes | str:
         result: bytes = encode(value)
     except StateInputInvalid as refused:
         return refused.code
-    except _canonical._Refused:  # the fast encoder leaves the verdict to the exact one
+    except _fast.Refused:  # the fast encoder leaves the verdict to the exact one
         return "RUNTIME_STATE_VALUE_INVALID"
     return result
 
