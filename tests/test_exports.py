@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import inspect
 import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
 
 import forgezero_lifecycle
+import forgezero_lifecycle.jobs
+from forgezero_lifecycle._lazy import attach
 
 
 def _isort_key(name: str) -> tuple[int, str]:
@@ -30,14 +40,92 @@ def test_public_names_are_exactly_all() -> None:
     """No public name sits on the root without being in __all__ (httpx's rule)."""
     public = {
         name
-        for name, value in vars(forgezero_lifecycle).items()
-        if not name.startswith("_") and not isinstance(value, type(forgezero_lifecycle))
+        for name in dir(forgezero_lifecycle)
+        if not name.startswith("_") and not inspect.ismodule(getattr(forgezero_lifecycle, name))
     }
-    public -= {"annotations", "TYPE_CHECKING", "Any", "importlib"}
-    lazy = set(forgezero_lifecycle._LAZY)
-    assert public - lazy == set(forgezero_lifecycle.__all__) - lazy
-    assert lazy <= set(forgezero_lifecycle.__all__)
-    assert lazy <= set(dir(forgezero_lifecycle))
+    public -= {"annotations", "TYPE_CHECKING", "attach"}
+    assert public == set(forgezero_lifecycle.__all__) - {"__version__"}
+
+
+def test_version_is_the_installed_distributions() -> None:
+    """__version__ is what the installed metadata says (pip, the wheel, pyproject.toml)."""
+    assert "__version__" in forgezero_lifecycle.__all__
+    assert forgezero_lifecycle.__version__ == importlib.metadata.version("forgezero-lifecycle")
+
+
+def test_importing_the_root_imports_no_module_of_the_library() -> None:
+    """Each name loads its module on first access: the bare import costs nothing else."""
+    probe = (
+        "import sys, forgezero_lifecycle; "
+        "print(sorted(m for m in sys.modules if m.startswith('forgezero_lifecycle.')))"
+    )
+    assert _run(probe) == "['forgezero_lifecycle._lazy']"
+
+
+def test_a_lazy_name_is_imported_once_then_kept_on_the_module() -> None:
+    """After the first access the value is a plain module attribute (no __getattr__ call)."""
+    value = forgezero_lifecycle.Runtime
+    assert vars(forgezero_lifecycle)["Runtime"] is value
+    assert "Runtime" in dir(forgezero_lifecycle)
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    """A typo fails like any missing attribute, naming the module and the name."""
+    with pytest.raises(AttributeError, match="'forgezero_lifecycle' has no attribute 'Runtme'"):
+        forgezero_lifecycle.Runtme  # noqa: B018
+
+
+def _package_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) -> str:
+    """A module named ``fz_lazy_probe`` whose source is ``source``, registered in sys.modules."""
+    path = tmp_path / "fz_lazy_probe.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("fz_lazy_probe", path)
+    assert spec is not None
+    monkeypatch.setitem(sys.modules, "fz_lazy_probe", importlib.util.module_from_spec(spec))
+    return "fz_lazy_probe"
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        ("from .runtime import Runtime\n", "write `Runtime as Runtime`"),
+        ("import os\n", "only relative"),
+        ("from os import sep as sep\n", "only relative"),
+    ],
+)
+def test_the_exports_block_holds_only_explicit_relative_re_exports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: str, message: str
+) -> None:
+    """Anything else in the block would be invisible at run time, so it is refused at import."""
+    package = _package_from(tmp_path, monkeypatch, f"if TYPE_CHECKING:\n    {block}")
+    with pytest.raises(ImportError, match=message):
+        attach(package)
+
+
+def test_a_package_without_an_exports_block_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A missing block would export nothing: said at import, not found at first use."""
+    package = _package_from(tmp_path, monkeypatch, "from .runtime import Runtime as Runtime\n")
+    with pytest.raises(ImportError, match="one `if TYPE_CHECKING:` block"):
+        attach(package)
+
+
+def test_a_package_installed_without_its_source_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bytecode only (a freezer's bundle): the exports cannot be read, and the error says why."""
+    monkeypatch.setitem(sys.modules, "fz_lazy_probe", types.ModuleType("fz_lazy_probe"))
+    with pytest.raises(ImportError, match="read from its source, which is not installed"):
+        attach("fz_lazy_probe")
+
+
+def test_the_jobs_package_exports_through_the_same_helper() -> None:
+    """One lazy mechanism: forgezero_lifecycle.jobs lists its names the same way."""
+    jobs = forgezero_lifecycle.jobs
+    assert jobs.__all__ == sorted(jobs.__all__, key=_isort_key)
+    for name in jobs.__all__:
+        assert getattr(jobs, name) is not None, name
 
 
 def test_exported_objects_claim_a_library_module() -> None:
@@ -48,35 +136,28 @@ def test_exported_objects_claim_a_library_module() -> None:
             assert value.__module__.startswith("forgezero_lifecycle"), name
 
 
+def _run(probe: str) -> str:
+    """What a fresh interpreter running ``probe`` prints."""
+    # Unmeasured: coverage keeps its data in SQLite, so a measured child has sqlite3 loaded.
+    env = {k: v for k, v in os.environ.items() if k != "COVERAGE_PROCESS_CONFIG"}
+    return subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
+    ).stdout.strip()
+
+
 def test_importing_the_runtime_does_not_import_httpx() -> None:
     """A served generation without a state adapter never pays for httpx (about 5 MiB)."""
-    import subprocess
-    import sys
-
     probe = (
         "import sys, forgezero_lifecycle as f; f.Runtime(control_token='t' * 32); "
         "print('httpx' in sys.modules)"
     )
-    # Unmeasured: coverage keeps its data in SQLite, so a measured child has sqlite3 loaded.
-    env = {k: v for k, v in os.environ.items() if k != "COVERAGE_PROCESS_CONFIG"}
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
-    ).stdout.strip()
-    assert loaded == "False"
+    assert _run(probe) == "False"
 
 
 def test_importing_the_runtime_loads_no_sql_store_and_no_cron_parser() -> None:
     """sqlite3 (about 1 MiB) and cronsim load only when a SQLite store or a cron job is made."""
-    import subprocess
-    import sys
-
     probe = (
         "import sys, forgezero_lifecycle as f; f.Runtime(control_token='t' * 32); "
         "print(sorted(m for m in ('sqlite3', 'cronsim', 'psycopg') if m in sys.modules))"
     )
-    # Unmeasured: coverage keeps its data in SQLite, so a measured child has sqlite3 loaded.
-    env = {k: v for k, v in os.environ.items() if k != "COVERAGE_PROCESS_CONFIG"}
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
-    ).stdout.strip()
-    assert loaded == "[]"
+    assert _run(probe) == "[]"

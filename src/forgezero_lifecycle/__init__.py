@@ -10,235 +10,116 @@ Layers point down only (checked by import-linter in CI)::
     client    httpx client of the control protocol (orchestrator side)
     runtime   the composition root; serve and cli sit on top of it
 
-Imported on first use: ``PostgresJobStore`` (so the package works without psycopg),
-``SQLiteJobStore`` (:mod:`sqlite3` is about 1 MiB resident a runtime without it never needs) and
-the orchestrator client (``ControlClient`` and friends: httpx costs about 5 MiB resident, which a
-served generation that hands no state over never needs).
+Every name below is imported on first use (:mod:`forgezero_lifecycle._lazy`), so a process pays
+only for what it touches: ``Runtime`` loads no httpx (about 5 MiB resident) unless it hands
+state over or uses the orchestrator client (``ControlClient`` and friends), no :mod:`sqlite3`
+without a ``SQLiteJobStore`` and no psycopg without a ``PostgresJobStore`` (so the package works
+without psycopg installed).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ._canonical import canonical_json as canonical_json
-from ._canonical import state_digest as state_digest
-from ._clock import Clock as Clock
-from ._clock import SystemClock as SystemClock
-from ._errors import BodyTooLarge as BodyTooLarge
-from ._errors import ConfigurationError as ConfigurationError
-from ._errors import ConnectionClosedByDrain as ConnectionClosedByDrain
-from ._errors import ContentTypeInvalid as ContentTypeInvalid
-from ._errors import ControlError as ControlError
-from ._errors import ControlPathNotFound as ControlPathNotFound
-from ._errors import ControlUnreachable as ControlUnreachable
-from ._errors import DrainConflict as DrainConflict
-from ._errors import DrainCountersInvalid as DrainCountersInvalid
-from ._errors import DrainError as DrainError
-from ._errors import DrainFailed as DrainFailed
-from ._errors import DrainNotFound as DrainNotFound
-from ._errors import DrainRequestInvalid as DrainRequestInvalid
-from ._errors import IdempotencyConflict as IdempotencyConflict
-from ._errors import JobError as JobError
-from ._errors import JobHandlerUnknown as JobHandlerUnknown
-from ._errors import JobInvalid as JobInvalid
-from ._errors import JobStateError as JobStateError
-from ._errors import JobStoreError as JobStoreError
-from ._errors import LeaseLostError as LeaseLostError
-from ._errors import LifecycleError as LifecycleError
-from ._errors import MethodNotAllowed as MethodNotAllowed
-from ._errors import QueueError as QueueError
-from ._errors import QueueIntakePausedError as QueueIntakePausedError
-from ._errors import QueueKeyStoppedError as QueueKeyStoppedError
-from ._errors import QueueStoppedError as QueueStoppedError
-from ._errors import RemoteError as RemoteError
-from ._errors import ScheduleError as ScheduleError
-from ._errors import ScheduleIntakePaused as ScheduleIntakePaused
-from ._errors import ScheduleInvalid as ScheduleInvalid
-from ._errors import ScheduleNotFound as ScheduleNotFound
-from ._errors import StateConflict as StateConflict
-from ._errors import StateError as StateError
-from ._errors import StateExportError as StateExportError
-from ._errors import StateInputInvalid as StateInputInvalid
-from ._errors import StateNotFound as StateNotFound
-from ._errors import StateTransferFailed as StateTransferFailed
-from ._errors import TaskCancelledError as TaskCancelledError
-from ._errors import Unauthorized as Unauthorized
-from .asgi.control import ControlApp as ControlApp
-from .asgi.middleware import InFlightMiddleware as InFlightMiddleware
-from .core.drain import DrainController as DrainController
-from .core.drain import DrainDependencies as DrainDependencies
-from .core.gate import IntakeGate as IntakeGate
-from .core.handoff import StateAdapter as StateAdapter
-from .core.handoff import StateHandoffController as StateHandoffController
-from .core.participant import WorkParticipant as WorkParticipant
-from .core.queue import KeyedQueue as KeyedQueue
-from .core.queue import QueueDrainReport as QueueDrainReport
-from .core.queue import QueueParticipant as QueueParticipant
-from .core.queue import QueueSnapshot as QueueSnapshot
-from .core.scheduler import ScheduledJobStatus as ScheduledJobStatus
-from .core.scheduler import Scheduler as Scheduler
-from .core.scheduler import SchedulerParticipant as SchedulerParticipant
-from .core.scheduler import SchedulerStatus as SchedulerStatus
-from .jobs import Job as Job
-from .jobs import JobState as JobState
-from .jobs import JobStats as JobStats
-from .jobs import JobStore as JobStore
-from .jobs import JobWorker as JobWorker
-from .jobs import Lease as Lease
-from .jobs import MemoryJobStore as MemoryJobStore
-from .jobs import WorkerStats as WorkerStats
-from .runtime import Runtime as Runtime
-from .wire.drain import DrainAccepted as DrainAccepted
-from .wire.drain import DrainRequest as DrainRequest
-from .wire.drain import DrainStatus as DrainStatus
-from .wire.drain import WorkCounters as WorkCounters
-from .wire.handoff import StateEnvelope as StateEnvelope
-from .wire.handoff import StateHandoffRequest as StateHandoffRequest
-from .wire.handoff import StateHandoffStatus as StateHandoffStatus
-from .wire.handoff import StateImportContext as StateImportContext
-from .wire.handoff import StateSource as StateSource
-from .wire.paths import RUNTIME_DRAIN_BEGIN_PATH as RUNTIME_DRAIN_BEGIN_PATH
-from .wire.paths import RUNTIME_DRAIN_CURRENT_PATH as RUNTIME_DRAIN_CURRENT_PATH
-from .wire.paths import RUNTIME_DRAIN_ROLLBACK_PATH as RUNTIME_DRAIN_ROLLBACK_PATH
-from .wire.paths import RUNTIME_DRAIN_STATUS_PATH as RUNTIME_DRAIN_STATUS_PATH
-from .wire.paths import RUNTIME_LIVE_PATH as RUNTIME_LIVE_PATH
-from .wire.paths import RUNTIME_METRICS_PATH as RUNTIME_METRICS_PATH
-from .wire.paths import RUNTIME_OPENAPI_PATH as RUNTIME_OPENAPI_PATH
-from .wire.paths import RUNTIME_READY_PATH as RUNTIME_READY_PATH
-from .wire.paths import RUNTIME_SCHEDULES_STATUS_PATH as RUNTIME_SCHEDULES_STATUS_PATH
-from .wire.paths import RUNTIME_STATE_BEGIN_PATH as RUNTIME_STATE_BEGIN_PATH
-from .wire.paths import RUNTIME_STATE_EXPORT_PATH as RUNTIME_STATE_EXPORT_PATH
-from .wire.paths import RUNTIME_STATE_STATUS_PATH as RUNTIME_STATE_STATUS_PATH
+from ._lazy import attach
 
 if TYPE_CHECKING:
+    from ._canonical import canonical_json as canonical_json
+    from ._canonical import state_digest as state_digest
+    from ._clock import Clock as Clock
+    from ._clock import SystemClock as SystemClock
+    from ._errors import BodyTooLarge as BodyTooLarge
+    from ._errors import ConfigurationError as ConfigurationError
+    from ._errors import ConnectionClosedByDrain as ConnectionClosedByDrain
+    from ._errors import ContentTypeInvalid as ContentTypeInvalid
+    from ._errors import ControlError as ControlError
+    from ._errors import ControlPathNotFound as ControlPathNotFound
+    from ._errors import ControlUnreachable as ControlUnreachable
+    from ._errors import DrainConflict as DrainConflict
+    from ._errors import DrainCountersInvalid as DrainCountersInvalid
+    from ._errors import DrainError as DrainError
+    from ._errors import DrainFailed as DrainFailed
+    from ._errors import DrainNotFound as DrainNotFound
+    from ._errors import DrainRequestInvalid as DrainRequestInvalid
+    from ._errors import IdempotencyConflict as IdempotencyConflict
+    from ._errors import JobError as JobError
+    from ._errors import JobHandlerUnknown as JobHandlerUnknown
+    from ._errors import JobInvalid as JobInvalid
+    from ._errors import JobStateError as JobStateError
+    from ._errors import JobStoreError as JobStoreError
+    from ._errors import LeaseLostError as LeaseLostError
+    from ._errors import LifecycleError as LifecycleError
+    from ._errors import MethodNotAllowed as MethodNotAllowed
+    from ._errors import QueueError as QueueError
+    from ._errors import QueueIntakePausedError as QueueIntakePausedError
+    from ._errors import QueueKeyStoppedError as QueueKeyStoppedError
+    from ._errors import QueueStoppedError as QueueStoppedError
+    from ._errors import RemoteError as RemoteError
+    from ._errors import ScheduleError as ScheduleError
+    from ._errors import ScheduleIntakePaused as ScheduleIntakePaused
+    from ._errors import ScheduleInvalid as ScheduleInvalid
+    from ._errors import ScheduleNotFound as ScheduleNotFound
+    from ._errors import StateConflict as StateConflict
+    from ._errors import StateError as StateError
+    from ._errors import StateExportError as StateExportError
+    from ._errors import StateInputInvalid as StateInputInvalid
+    from ._errors import StateNotFound as StateNotFound
+    from ._errors import StateTransferFailed as StateTransferFailed
+    from ._errors import TaskCancelledError as TaskCancelledError
+    from ._errors import Unauthorized as Unauthorized
+    from ._version import __version__ as __version__
+    from .asgi.control import ControlApp as ControlApp
+    from .asgi.middleware import InFlightMiddleware as InFlightMiddleware
     from .client import ControlClient as ControlClient
     from .client import SyncControlClient as SyncControlClient
     from .client import drain_request as drain_request
     from .client import handoff_request as handoff_request
     from .client import new_nonce as new_nonce
+    from .core.drain import DrainController as DrainController
+    from .core.drain import DrainDependencies as DrainDependencies
+    from .core.gate import IntakeGate as IntakeGate
+    from .core.handoff import StateAdapter as StateAdapter
+    from .core.handoff import StateHandoffController as StateHandoffController
+    from .core.participant import WorkParticipant as WorkParticipant
+    from .core.queue import KeyedQueue as KeyedQueue
+    from .core.queue import QueueDrainReport as QueueDrainReport
+    from .core.queue import QueueParticipant as QueueParticipant
+    from .core.queue import QueueSnapshot as QueueSnapshot
+    from .core.scheduler import ScheduledJobStatus as ScheduledJobStatus
+    from .core.scheduler import Scheduler as Scheduler
+    from .core.scheduler import SchedulerParticipant as SchedulerParticipant
+    from .core.scheduler import SchedulerStatus as SchedulerStatus
+    from .jobs import Job as Job
+    from .jobs import JobState as JobState
+    from .jobs import JobStats as JobStats
+    from .jobs import JobStore as JobStore
+    from .jobs import JobWorker as JobWorker
+    from .jobs import Lease as Lease
+    from .jobs import MemoryJobStore as MemoryJobStore
+    from .jobs import WorkerStats as WorkerStats
     from .jobs.postgres import PostgresJobStore as PostgresJobStore
     from .jobs.sqlite import SQLiteJobStore as SQLiteJobStore
+    from .runtime import Runtime as Runtime
+    from .wire.drain import DrainAccepted as DrainAccepted
+    from .wire.drain import DrainRequest as DrainRequest
+    from .wire.drain import DrainStatus as DrainStatus
+    from .wire.drain import WorkCounters as WorkCounters
+    from .wire.handoff import StateEnvelope as StateEnvelope
+    from .wire.handoff import StateHandoffRequest as StateHandoffRequest
+    from .wire.handoff import StateHandoffStatus as StateHandoffStatus
+    from .wire.handoff import StateImportContext as StateImportContext
+    from .wire.handoff import StateSource as StateSource
+    from .wire.paths import RUNTIME_DRAIN_BEGIN_PATH as RUNTIME_DRAIN_BEGIN_PATH
+    from .wire.paths import RUNTIME_DRAIN_CURRENT_PATH as RUNTIME_DRAIN_CURRENT_PATH
+    from .wire.paths import RUNTIME_DRAIN_ROLLBACK_PATH as RUNTIME_DRAIN_ROLLBACK_PATH
+    from .wire.paths import RUNTIME_DRAIN_STATUS_PATH as RUNTIME_DRAIN_STATUS_PATH
+    from .wire.paths import RUNTIME_LIVE_PATH as RUNTIME_LIVE_PATH
+    from .wire.paths import RUNTIME_METRICS_PATH as RUNTIME_METRICS_PATH
+    from .wire.paths import RUNTIME_OPENAPI_PATH as RUNTIME_OPENAPI_PATH
+    from .wire.paths import RUNTIME_READY_PATH as RUNTIME_READY_PATH
+    from .wire.paths import RUNTIME_SCHEDULES_STATUS_PATH as RUNTIME_SCHEDULES_STATUS_PATH
+    from .wire.paths import RUNTIME_STATE_BEGIN_PATH as RUNTIME_STATE_BEGIN_PATH
+    from .wire.paths import RUNTIME_STATE_EXPORT_PATH as RUNTIME_STATE_EXPORT_PATH
+    from .wire.paths import RUNTIME_STATE_STATUS_PATH as RUNTIME_STATE_STATUS_PATH
 
-__all__ = [
-    "RUNTIME_DRAIN_BEGIN_PATH",
-    "RUNTIME_DRAIN_CURRENT_PATH",
-    "RUNTIME_DRAIN_ROLLBACK_PATH",
-    "RUNTIME_DRAIN_STATUS_PATH",
-    "RUNTIME_LIVE_PATH",
-    "RUNTIME_METRICS_PATH",
-    "RUNTIME_OPENAPI_PATH",
-    "RUNTIME_READY_PATH",
-    "RUNTIME_SCHEDULES_STATUS_PATH",
-    "RUNTIME_STATE_BEGIN_PATH",
-    "RUNTIME_STATE_EXPORT_PATH",
-    "RUNTIME_STATE_STATUS_PATH",
-    "BodyTooLarge",
-    "Clock",
-    "ConfigurationError",
-    "ConnectionClosedByDrain",
-    "ContentTypeInvalid",
-    "ControlApp",
-    "ControlClient",
-    "ControlError",
-    "ControlPathNotFound",
-    "ControlUnreachable",
-    "DrainAccepted",
-    "DrainConflict",
-    "DrainController",
-    "DrainCountersInvalid",
-    "DrainDependencies",
-    "DrainError",
-    "DrainFailed",
-    "DrainNotFound",
-    "DrainRequest",
-    "DrainRequestInvalid",
-    "DrainStatus",
-    "IdempotencyConflict",
-    "InFlightMiddleware",
-    "IntakeGate",
-    "Job",
-    "JobError",
-    "JobHandlerUnknown",
-    "JobInvalid",
-    "JobState",
-    "JobStateError",
-    "JobStats",
-    "JobStore",
-    "JobStoreError",
-    "JobWorker",
-    "KeyedQueue",
-    "Lease",
-    "LeaseLostError",
-    "LifecycleError",
-    "MemoryJobStore",
-    "MethodNotAllowed",
-    "PostgresJobStore",
-    "QueueDrainReport",
-    "QueueError",
-    "QueueIntakePausedError",
-    "QueueKeyStoppedError",
-    "QueueParticipant",
-    "QueueSnapshot",
-    "QueueStoppedError",
-    "RemoteError",
-    "Runtime",
-    "SQLiteJobStore",
-    "ScheduleError",
-    "ScheduleIntakePaused",
-    "ScheduleInvalid",
-    "ScheduleNotFound",
-    "ScheduledJobStatus",
-    "Scheduler",
-    "SchedulerParticipant",
-    "SchedulerStatus",
-    "StateAdapter",
-    "StateConflict",
-    "StateEnvelope",
-    "StateError",
-    "StateExportError",
-    "StateHandoffController",
-    "StateHandoffRequest",
-    "StateHandoffStatus",
-    "StateImportContext",
-    "StateInputInvalid",
-    "StateNotFound",
-    "StateSource",
-    "StateTransferFailed",
-    "SyncControlClient",
-    "SystemClock",
-    "TaskCancelledError",
-    "Unauthorized",
-    "WorkCounters",
-    "WorkParticipant",
-    "WorkerStats",
-    "canonical_json",
-    "drain_request",
-    "handoff_request",
-    "new_nonce",
-    "state_digest",
-]
-
-
-_LAZY = {
-    "ControlClient": ".client",
-    "SyncControlClient": ".client",
-    "drain_request": ".client",
-    "handoff_request": ".client",
-    "new_nonce": ".client",
-    "PostgresJobStore": ".jobs.postgres",
-    "SQLiteJobStore": ".jobs.sqlite",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__, __all__ = attach(__name__)
