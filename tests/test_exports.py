@@ -161,3 +161,46 @@ def test_importing_the_runtime_loads_no_sql_store_and_no_cron_parser() -> None:
         "print(sorted(m for m in ('sqlite3', 'cronsim', 'psycopg') if m in sys.modules))"
     )
     assert _run(probe) == "[]"
+
+
+_SERVE_THEN_DRAIN = """
+import asyncio, sys
+from starlette.applications import Starlette
+import forgezero_lifecycle as f
+
+runtime = f.Runtime(control_token="t" * 32)
+app = Starlette()
+runtime.install(app)
+
+async def call(method, path, body=b""):
+    sent = []
+    scope = {
+        "type": "http", "method": method, "path": path, "raw_path": path.encode(),
+        "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1",
+        "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 5000),
+        "headers": [(b"authorization", b"Bearer " + b"t" * 32),
+                    (b"content-type", b"application/json")],
+    }
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+    async def send(message):
+        sent.append(message)
+    await app(scope, receive, send)
+    return sent[0]["status"]
+
+async def main():
+    statuses = [await call("GET", f.RUNTIME_READY_PATH), await call("GET", f.RUNTIME_LIVE_PATH)]
+    print(statuses, "pydantic" in sys.modules)
+    body = (
+        b'{"protocol":"forgezero-drain/v1","nonce":"' + b"n" * 43 + b'","sourceRevision":"'
+        + b"a" * 40 + b'","targetRevision":"' + b"b" * 40 + b'","timeoutMs":1000}'
+    )
+    print(await call("POST", f.RUNTIME_DRAIN_BEGIN_PATH, body), "pydantic" in sys.modules)
+
+asyncio.run(main())
+"""
+
+
+def test_the_runtime_loads_pydantic_on_the_first_drain_request_not_before() -> None:
+    """Serving, readiness and liveness need no wire model; the first drain request loads them."""
+    assert _run(_SERVE_THEN_DRAIN).splitlines() == ["[200, 200] False", "202 True"]

@@ -46,17 +46,20 @@ from .asgi.middleware import InFlightMiddleware
 from .asgi.published import Document, PublishedDocuments
 from .core.drain import DrainController
 from .core.gate import IntakeGate
-from .core.handoff import StateAdapter, StateHandoffController
 from .core.participant import WorkParticipant
 from .core.scheduler import SchedulerParticipant
 from .core.siblings import sibling_pids
 from .core.signal_drain import SignalDrain
 from .wire import paths
-from .wire._types import is_revision
-from .wire.drain import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainAccepted, WorkCounters
+from .wire._protocol import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, is_revision
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+    # pydantic, imported where used: the handoff with a state adapter, the wire models on the
+    # first drain request (a runtime that is never drained does not load it).
+    from .core.handoff import StateAdapter, StateHandoffController
+    from .wire.drain import DrainAccepted, WorkCounters
 
 __all__ = ["Runtime"]
 
@@ -140,6 +143,8 @@ class Runtime:
         )
         self.handoff: StateHandoffController[Any] | None = None
         if state_adapter is not None:
+            from .core.handoff import StateHandoffController
+
             self.handoff = StateHandoffController(
                 state_adapter, clock=self._clock, revision=revision
             )
@@ -240,6 +245,8 @@ class Runtime:
 
     def counters(self) -> WorkCounters:
         """Live in-flight counts per kind, as drain status reports them."""
+        from .wire.drain import WorkCounters
+
         gate = self.gate.counters()
         per_kind = {"jobs": 0, "schedules": 0}
         for participant in self._participants:

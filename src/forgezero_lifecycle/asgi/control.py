@@ -14,7 +14,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -35,13 +35,17 @@ from .._errors import (
     StateNotFound,
     Unauthorized,
 )
-from ..core.drain import DrainController
-from ..core.handoff import StateHandoffController
 from ..wire import paths
-from ..wire.drain import DrainAccepted
 from ._body import discard_body
 from ._paths import app_path
 from ._types import Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    # Types only: the controllers and the wire models they answer with (pydantic) are loaded by
+    # whoever builds them, so serving readiness and liveness never imports pydantic.
+    from ..core.drain import DrainController
+    from ..core.handoff import StateHandoffController
+    from ..wire.drain import DrainAccepted
 
 __all__ = ["MAX_CONTROL_BODY_BYTES", "ControlApp", "status_for"]
 

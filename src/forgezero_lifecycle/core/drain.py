@@ -25,21 +25,17 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol, final
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, final
 
 from .._clock import Clock, SystemClock, first
 from .._errors import DrainConflict, DrainFailed, DrainNotFound, LifecycleError
 from .._events import emit, nonce_prefix
-from ..wire._types import is_nonce
-from ..wire.drain import (
-    DrainAccepted,
-    DrainRequest,
-    DrainState,
-    DrainStatus,
-    WorkCounters,
-    parse_drain_request,
-    validate_counters,
-)
+from ..wire._protocol import DrainState, is_nonce
+
+if TYPE_CHECKING:
+    # The wire models (pydantic) are imported by the methods that need them, on the first drain
+    # request: a runtime that is never drained does not load pydantic.
+    from ..wire.drain import DrainAccepted, DrainRequest, DrainStatus, WorkCounters
 
 __all__ = ["DrainController", "DrainDependencies", "DrainStatistics"]
 
@@ -147,6 +143,8 @@ class DrainController:
 
     def begin(self, request: object) -> DrainAccepted:
         """Start draining, or acknowledge an exact retry of the running drain."""
+        from ..wire.drain import DrainAccepted, parse_drain_request
+
         parsed = parse_drain_request(request)
         if self._revision is not None and parsed.source_revision != self._revision:
             raise DrainConflict(
@@ -183,6 +181,8 @@ class DrainController:
 
     def status(self, nonce: object) -> DrainStatus:
         """The drain's progress; unknown or malformed nonces are not found."""
+        from ..wire.drain import DrainStatus, validate_counters
+
         request = self._find(nonce)
         return DrainStatus(
             **request.model_dump(),
@@ -264,6 +264,8 @@ class DrainController:
         self._task = asyncio.create_task(self._race(work, deadline))
 
     async def _race(self, work: asyncio.Future[None], deadline: asyncio.Future[None]) -> None:
+        from ..wire.drain import validate_counters
+
         try:
             outcome = await first(work, deadline)  # a deadline that raises fails with its error
             if outcome.cancelled():
@@ -294,6 +296,8 @@ class DrainController:
         self._durations.append(self._clock.monotonic() - self._began_at)
 
     def _finish(self, state: DrainState, failure: str | None) -> None:
+        from ..wire.drain import validate_counters
+
         self._state = state
         self._failure = failure
         self._settled.set()

@@ -17,7 +17,7 @@ import secrets
 from typing import Final
 
 from .._errors import LifecycleError
-from ..wire.drain import DRAIN_PROTOCOL, MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainState
+from ..wire._protocol import DRAIN_PROTOCOL, MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainState
 from .drain import DrainController
 
 __all__ = ["UNKNOWN_REVISION", "self_drain", "self_drain_request"]

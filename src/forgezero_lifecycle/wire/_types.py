@@ -8,13 +8,17 @@ nonce wrapped in an array, ``true`` for a number, ``"100"`` for a number. Integr
 (``100.0``, ``1e2``) are integers, as in JavaScript. Patterns match the whole string
 (``re.fullmatch``), since Python's ``$`` also matches before a final newline.
 
+The plain checks the types are built on (:func:`safe_int`, :func:`is_nonce`, :func:`is_revision`,
+the patterns) are :mod:`~forgezero_lifecycle.wire._protocol`'s, re-exported here; code that must
+not import pydantic imports them from there.
+
 Port rules D1-D9 are listed in ``tests/conformance/vectors.json``, ``meta.format_notes.port_rules``.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, TypeGuard
+from typing import Annotated
 
 from pydantic import (
     AfterValidator,
@@ -25,6 +29,15 @@ from pydantic import (
     WithJsonSchema,
 )
 from pydantic.alias_generators import to_camel
+
+from ._protocol import (
+    MAX_SAFE_INTEGER,
+    NONCE_PATTERN,
+    REVISION_PATTERN,
+    is_nonce,
+    is_revision,
+    safe_int,
+)
 
 __all__ = [
     "MAX_SAFE_INTEGER",
@@ -42,11 +55,6 @@ __all__ = [
     "safe_int",
 ]
 
-MAX_SAFE_INTEGER = 2**53 - 1
-
-NONCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{43}")
-REVISION_PATTERN = re.compile(r"[a-f0-9]{40}")
-
 #: Every wire model: camelCase on the wire, snake_case in Python, immutable, unknown fields
 #: ignored and never echoed (a retry that differs only in them is still a duplicate).
 WIRE_CONFIG = ConfigDict(
@@ -57,22 +65,6 @@ WIRE_CONFIG = ConfigDict(
     frozen=True,
     extra="ignore",
 )
-
-
-def safe_int(value: Any) -> int:
-    """Return ``value`` as an int when it is a JavaScript safe integer, else raise ValueError.
-
-    Booleans and strings are refused; integral floats are accepted.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError("expected a JSON number")
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ValueError("expected an integer")
-        value = int(value)
-    if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
-        raise ValueError("expected a safe integer")
-    return int(value)
 
 
 def matching(pattern: re.Pattern[str]) -> AfterValidator:
@@ -92,16 +84,6 @@ def pattern_schema(pattern: re.Pattern[str]) -> WithJsonSchema:
     JSON Schema patterns search (ECMA-262), so the pattern is anchored at both ends.
     """
     return WithJsonSchema({"type": "string", "pattern": f"^(?:{pattern.pattern})$"})
-
-
-def is_nonce(value: object) -> TypeGuard[str]:
-    """True when ``value`` is a str of 43 base64url characters (a nonce)."""
-    return isinstance(value, str) and NONCE_PATTERN.fullmatch(value) is not None
-
-
-def is_revision(value: object) -> TypeGuard[str]:
-    """True when ``value`` is a str of 40 lowercase hex characters (a revision)."""
-    return isinstance(value, str) and REVISION_PATTERN.fullmatch(value) is not None
 
 
 SafeInt = Annotated[int, BeforeValidator(safe_int)]

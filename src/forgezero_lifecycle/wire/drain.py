@@ -10,6 +10,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from .._errors import DrainCountersInvalid, DrainRequestInvalid
+from ._protocol import DRAIN_PROTOCOL, MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainState
 from ._types import WIRE_CONFIG, Nonce, Revision, SafeInt, first_problem, safe_int
 
 __all__ = [
@@ -26,12 +27,6 @@ __all__ = [
     "parse_rollback_request",
     "validate_counters",
 ]
-
-DRAIN_PROTOCOL: Final = "forgezero-drain/v1"
-MIN_DRAIN_TIMEOUT_MS: Final = 100
-MAX_DRAIN_TIMEOUT_MS: Final = 600_000
-
-DrainState = Literal["draining", "drained", "failed", "rolled-back"]
 
 
 class DrainRequest(BaseModel):
