@@ -6,6 +6,7 @@ import importlib.metadata
 import importlib.util
 import inspect
 import os
+import re
 import subprocess
 import sys
 import types
@@ -204,3 +205,11 @@ asyncio.run(main())
 def test_the_runtime_loads_pydantic_on_the_first_drain_request_not_before() -> None:
     """Serving, readiness and liveness need no wire model; the first drain request loads them."""
     assert _run(_SERVE_THEN_DRAIN).splitlines() == ["[200, 200] False", "202 True"]
+
+
+def test_the_examples_import_what_the_readme_shows() -> None:
+    """The README imports from the package root; so do the examples, never a module path."""
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted(root.glob("examples/**/*.py")):
+        deep = re.findall(r"^\s*(?:from|import) forgezero_lifecycle\.\S+", path.read_text(), re.M)
+        assert deep == [], path.relative_to(root)

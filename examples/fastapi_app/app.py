@@ -38,8 +38,7 @@ from fastapi import FastAPI, HTTPException, Query, WebSocket, WebSocketDisconnec
 from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 
-from forgezero_lifecycle.runtime import Runtime
-from forgezero_lifecycle.wire.handoff import StateImportContext
+from forgezero_lifecycle import Runtime, StateImportContext
 
 from .work import Work
 
@@ -73,7 +72,7 @@ class Visits(BaseModel):
 
 
 class VisitCounter:
-    """The app's state, and its state adapter (``forgezero_lifecycle.core.handoff``)."""
+    """The app's state, and its state adapter (a ``forgezero_lifecycle.StateAdapter``)."""
 
     protocol = "example.visits"
     schema_version = 1

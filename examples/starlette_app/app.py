@@ -35,8 +35,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from forgezero_lifecycle.runtime import Runtime
-from forgezero_lifecycle.wire.handoff import StateImportContext
+from forgezero_lifecycle import Runtime, StateImportContext
 
 # -- settings --------------------------------------------------------------------------------
 
@@ -68,7 +67,7 @@ class Visits(BaseModel):
 
 
 class VisitCounter:
-    """The app's state, and its state adapter (``forgezero_lifecycle.core.handoff``)."""
+    """The app's state, and its state adapter (a ``forgezero_lifecycle.StateAdapter``)."""
 
     protocol = "example.visits"
     schema_version = 1
