@@ -47,7 +47,6 @@ from .asgi.published import Document, PublishedDocuments
 from .core.drain import DrainController
 from .core.gate import IntakeGate
 from .core.participant import WorkParticipant
-from .core.scheduler import SchedulerParticipant
 from .core.siblings import sibling_pids
 from .core.signal_drain import SignalDrain
 from .wire import paths
@@ -254,6 +253,8 @@ class Runtime:
         return WorkCounters(http=gate["http"], websocket=gate["websocket"], **per_kind)
 
     def _schedules_status(self) -> list[object]:
+        from .core.scheduler import SchedulerParticipant  # loaded by whoever built a scheduler
+
         result: list[object] = []
         for participant in self._participants:
             if isinstance(participant, SchedulerParticipant):
