@@ -2,7 +2,12 @@
 
 First the runtime alone: ``bench/apps/hello.py``'s Starlette hello with ``Runtime.install``
 (no state adapter, no job store) next to the same app without the library, which imports no
-pydantic, so the difference is everything the runtime brings. Then each example
+pydantic, so the difference is everything the runtime brings. Each run checks that in a fresh
+interpreter (the bench stops if the bare app imports pydantic) and says in the note which of the
+two big imports each side has loaded once its app is built: pydantic (the runtime loads it on the
+first drain request, not before; the examples load it for their own state models) and httpx
+(a runtime with a state adapter builds its loopback fetch transport at start-up, so a handoff
+does not pay for the import). Then each example
 (``examples/starlette_app``, ``examples/fastapi_app``) runs under uvicorn as it ships, with the
 runtime installed, next to ``bench/apps/examples_bare.py``: the same endpoints without anything
 of the library. Both processes are started together; their ``VmRSS``
@@ -20,7 +25,9 @@ Run ``python -m bench.memory [--quick]``.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,11 +40,12 @@ from bench.server import Server, start_servers, stop_servers
 
 __all__ = ["rss_mib", "run"]
 
+_RUNTIME_ALONE: Final = "runtime alone (Starlette hello)"
 EXAMPLES: Final = {
-    "runtime alone (Starlette hello)": (
+    _RUNTIME_ALONE: (
         "bench.apps.hello:starlette()",
         "bench.apps.hello:starlette_runtime()",
-        "bench/apps/hello.py's Starlette hello, which imports no pydantic",
+        "bench/apps/hello.py's Starlette hello",
     ),
     "Starlette example": (
         "bench.apps.examples_bare:starlette()",
@@ -50,6 +58,8 @@ EXAMPLES: Final = {
         "bench/apps/examples_bare.py (the library is not even imported)",
     ),
 }
+_BIG_IMPORTS: Final = ("pydantic", "httpx")
+_BIG: Final = " and ".join(_BIG_IMPORTS)
 REQUESTS: Final = 10_000
 CONNECTIONS: Final = 16
 TARGET_OVER_MIB: Final = 5.0
@@ -64,6 +74,25 @@ def rss_mib(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def big_imports(target: str, environment: dict[str, str]) -> list[str]:
+    """Which of pydantic and httpx building ``target`` (``module:attribute`` or
+    ``module:factory()``) imports, checked in a fresh interpreter as the server process builds it.
+    """
+    module, _, attribute = target.partition(":")
+    probe = (
+        f"import importlib, sys; app = importlib.import_module({module!r}).{attribute}; "
+        f"print(' '.join(m for m in {_BIG_IMPORTS!r} if m in sys.modules))"
+    )
+    answer = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **environment},
+    ).stdout
+    return answer.split()
 
 
 def _load(server: Server) -> None:
@@ -102,8 +131,12 @@ def run(quick: bool) -> list[dict[str, Any]]:
         for name, (bare, ours, bare_is) in EXAMPLES.items():
             if quick and name.startswith("FastAPI"):
                 continue  # quick mode: the runtime alone and one example
+            loaded = {"bare": big_imports(bare, {}), "ours": big_imports(ours, _ENVIRONMENT)}
+            if name == _RUNTIME_ALONE and "pydantic" in loaded["bare"]:
+                raise RuntimeError(f"{bare} imports pydantic: the row would hide what it costs")
             results = [_one_round(bare, ours, Path(tmp), i % 2 == 1) for i in range(rounds)]
-            rows += _rows(name, results, rounds, command, bare_is)
+            big = "; ".join(f"{side} {' + '.join(m) or 'neither'}" for side, m in loaded.items())
+            rows += _rows(name, results, rounds, command, f"{bare_is}; loaded of {_BIG}: {big}")
     return rows
 
 
