@@ -129,6 +129,43 @@ async def test_rollback_without_a_nonce_says_the_body_must_name_it(
     assert "no drain" not in response.json()["detail"]
 
 
+_NAME_THE_DRAIN = 'the body must name the drain: {"nonce": "..."}'
+_MALFORMED_NONCE = "the nonce must be 43 base64url characters"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "error", "detail"),
+    [
+        (b"[]", 404, "RUNTIME_DRAIN_NOT_FOUND", _NAME_THE_DRAIN),
+        (b'"nonce"', 404, "RUNTIME_DRAIN_NOT_FOUND", _NAME_THE_DRAIN),
+        (b'{"nonce": null}', 404, "RUNTIME_DRAIN_NOT_FOUND", _NAME_THE_DRAIN),
+        (b'{"nonce": 5}', 404, "RUNTIME_DRAIN_NOT_FOUND", _MALFORMED_NONCE),
+        (b'{"nonce": ["' + b"N" * 43 + b'"]}', 404, "RUNTIME_DRAIN_NOT_FOUND", _MALFORMED_NONCE),
+        (b'{"nonce": "short"}', 404, "RUNTIME_DRAIN_NOT_FOUND", _MALFORMED_NONCE),
+        (
+            b'{"nonce": "' + b"M" * 43 + b'"}',
+            404,
+            "RUNTIME_DRAIN_NOT_FOUND",
+            "no drain with this nonce",
+        ),
+        (b"{", 400, "RUNTIME_DRAIN_REQUEST_INVALID", "the body is not strict UTF-8 JSON"),
+    ],
+)
+async def test_every_rollback_body_gets_its_own_answer(
+    plane: tuple[httpx.AsyncClient, Runtime, ManualClock],
+    body: bytes,
+    status: int,
+    error: str,
+    detail: str,
+) -> None:
+    """A rollback that names no drain, a malformed nonce or an unknown one: 404, each saying which."""
+    http, _, _ = plane
+    await http.post(PREFIX + "drain/v1/begin", json=drain_request(), headers=AUTH)
+    headers = {**AUTH, "content-type": "application/json"}
+    response = await http.post(PREFIX + "drain/v1/rollback", content=body, headers=headers)
+    assert (response.status_code, response.json()) == (status, {"error": error, "detail": detail})
+
+
 @pytest.mark.parametrize(
     ("headers", "detail"),
     [

@@ -200,11 +200,10 @@ class ControlApp:
         return _json(status.model_dump(mode="json", exclude_none=True), 200)
 
     async def _drain_rollback(self, request: Request) -> Response:
-        body = await _json_body(request)
-        nonce = body.get("nonce") if isinstance(body, dict) else None
-        if nonce is None:
-            raise DrainNotFound(detail='the body must name the drain: {"nonce": "..."}')
-        status = self._drain.rollback(nonce)
+        from ..wire.drain import parse_rollback_request  # pydantic, on the first rollback
+
+        rollback = parse_rollback_request(await _json_body(request))
+        status = self._drain.rollback(rollback.nonce)
         return _json(status.model_dump(mode="json", exclude_none=True), 200)
 
     async def _state_export(self, request: Request) -> Response:

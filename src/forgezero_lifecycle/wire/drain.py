@@ -9,7 +9,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from .._errors import DrainCountersInvalid, DrainRequestInvalid
+from .._errors import DrainCountersInvalid, DrainNotFound, DrainRequestInvalid
 from ._protocol import DRAIN_PROTOCOL, MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainState
 from ._types import WIRE_CONFIG, Nonce, Revision, SafeInt, first_problem, safe_int
 
@@ -105,12 +105,18 @@ def parse_drain_request(data: object) -> DrainRequest:
 
 
 def parse_rollback_request(data: object) -> RollbackRequest:
-    if not isinstance(data, Mapping):
-        raise DrainRequestInvalid(detail="the rollback request must be a JSON object")
+    """Validate a decoded JSON value; one that names no drain by a well-formed nonce is not found.
+
+    Not found (404), as ``status`` answers the same nonce, rather than invalid: a rollback is
+    addressed to a drain, and one it cannot name is one that does not exist.
+    """
+    nonce = data.get("nonce") if isinstance(data, Mapping) else None
+    if nonce is None:
+        raise DrainNotFound(detail='the body must name the drain: {"nonce": "..."}')
     try:
-        return RollbackRequest.model_validate(data)
-    except ValidationError as error:
-        raise DrainRequestInvalid(detail=first_problem(error)) from None
+        return RollbackRequest.model_validate({"nonce": nonce})
+    except ValidationError:
+        raise DrainNotFound(detail="the nonce must be 43 base64url characters") from None
 
 
 _COUNTER_KINDS: Final = ("http", "websocket", "jobs", "schedules")
