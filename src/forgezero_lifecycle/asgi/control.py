@@ -14,7 +14,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, Literal, final
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -77,11 +77,15 @@ def status_for(error: LifecycleError) -> int:
     return 400
 
 
+#: The token a route requires: the control token, the handoff token (state export) or none.
+_Token = Literal["control", "handoff"]
+
+
 @dataclass(frozen=True, slots=True)
 class _Route:
     handler: Callable[[Request], Awaitable[Response]]
-    method: str
-    token: str  # "control", "handoff" or "none"
+    method: Literal["GET", "POST"]
+    token: _Token | None
 
 
 @final
@@ -108,7 +112,7 @@ class ControlApp:
         self._is_ready = is_ready
         self._intake_closed = intake_closed
         self._schedules = schedules
-        self._tokens = {
+        self._tokens: dict[_Token, bytes | None] = {
             "control": None if control_token is None else control_token.encode(),
             "handoff": None if handoff_token is None else handoff_token.encode(),
         }
@@ -122,8 +126,8 @@ class ControlApp:
             paths.RUNTIME_STATE_BEGIN_PATH: _Route(self._state_begin, "POST", "control"),
             paths.RUNTIME_STATE_STATUS_PATH: _Route(self._state_status, "GET", "control"),
             paths.RUNTIME_SCHEDULES_STATUS_PATH: _Route(self._schedules_status, "GET", "control"),
-            paths.RUNTIME_READY_PATH: _Route(self._ready, "GET", "none"),
-            paths.RUNTIME_LIVE_PATH: _Route(self._live, "GET", "none"),
+            paths.RUNTIME_READY_PATH: _Route(self._ready, "GET", None),
+            paths.RUNTIME_LIVE_PATH: _Route(self._live, "GET", None),
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -164,11 +168,11 @@ class ControlApp:
         method = request.method
         if method != route.method and not (route.method == "GET" and method == "HEAD"):
             raise MethodNotAllowed("GET, HEAD" if route.method == "GET" else route.method)
-        if route.token != "none":
+        if route.token is not None:
             self._authenticate(request, route.token)
         return await route.handler(request)
 
-    def _authenticate(self, request: Request, kind: str) -> None:
+    def _authenticate(self, request: Request, kind: _Token) -> None:
         expected = self._tokens[kind]
         if expected is None:
             if self._loopback_only:
