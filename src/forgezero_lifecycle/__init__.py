@@ -101,7 +101,7 @@ if TYPE_CHECKING:
     from .jobs.postgres import PostgresJobStore as PostgresJobStore
     from .jobs.sqlite import SQLiteJobStore as SQLiteJobStore
     from .runtime import Runtime as Runtime
-    from .wire.drain import DrainAccepted as DrainAccepted
+    from .wire.accepted import Accepted as Accepted
     from .wire.drain import DrainRequest as DrainRequest
     from .wire.drain import DrainStatus as DrainStatus
     from .wire.drain import WorkCounters as WorkCounters

@@ -58,7 +58,8 @@ if TYPE_CHECKING:
     # pydantic, imported where used: the handoff with a state adapter, the wire models on the
     # first drain request (a runtime that is never drained does not load it).
     from .core.handoff import StateAdapter, StateHandoffController
-    from .wire.drain import DrainAccepted, WorkCounters
+    from .wire.accepted import Accepted
+    from .wire.drain import WorkCounters
 
 __all__ = ["Runtime"]
 
@@ -268,7 +269,7 @@ class Runtime:
             return None
         return {"sharedListener": {"siblingPids": list(self._siblings), "advice": _SIBLINGS_ADVICE}}
 
-    def _begin_from_control_plane(self, request: object) -> DrainAccepted:
+    def _begin_from_control_plane(self, request: object) -> Accepted:
         # A drain request reaches the one process it landed on: with sibling workers on the same
         # socket, that is part of the server. (A signal reaches every worker: each drains itself.)
         self._remote_begin = True

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     # whoever builds them, so serving readiness and liveness never imports pydantic.
     from ..core.drain import DrainController
     from ..core.handoff import StateHandoffController
-    from ..wire.drain import DrainAccepted
+    from ..wire.accepted import Accepted
 
 __all__ = ["MAX_CONTROL_BODY_BYTES", "ControlApp", "status_for"]
 
@@ -103,7 +103,7 @@ class ControlApp:
         handoff: StateHandoffController[Any] | None = None,
         schedules: Callable[[], object] | None = None,
         loopback_only: bool = False,
-        begin_drain: Callable[[object], DrainAccepted] | None = None,
+        begin_drain: Callable[[object], Accepted] | None = None,
     ) -> None:
         self._drain = drain
         #: Begins a drain requested through this control plane (default: ``drain.begin``).

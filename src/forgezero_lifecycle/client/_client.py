@@ -18,7 +18,8 @@ from pydantic import BaseModel, ValidationError
 from .._errors import ConfigurationError, ControlUnreachable, RemoteError, error_for_code
 from .._tokens import check_handoff_token
 from ..wire import paths
-from ..wire.drain import DRAIN_PROTOCOL, DrainAccepted, DrainRequest, DrainStatus
+from ..wire.accepted import Accepted
+from ..wire.drain import DRAIN_PROTOCOL, DrainRequest, DrainStatus
 from ..wire.handoff import StateEnvelope, StateHandoffRequest, StateHandoffStatus, StateSource
 from ..wire.supervisor import HandoverStatus, ReloadAccepted
 
@@ -134,10 +135,10 @@ class ControlClient:
 
     # Drain.
 
-    async def begin_drain(self, request: DrainRequest) -> DrainAccepted:
+    async def begin_drain(self, request: DrainRequest) -> Accepted:
         """Begin draining; an exact retry of the running drain answers ``duplicate=True``."""
         body = request.model_dump(mode="json")
-        return await self._call(DrainAccepted, "POST", paths.RUNTIME_DRAIN_BEGIN_PATH, json=body)
+        return await self._call(Accepted, "POST", paths.RUNTIME_DRAIN_BEGIN_PATH, json=body)
 
     async def drain_status(self, nonce: str) -> DrainStatus:
         params = {"nonce": nonce}
@@ -219,12 +220,10 @@ class ControlClient:
             StateEnvelope, "GET", paths.RUNTIME_STATE_EXPORT_PATH, params=params, auth="handoff"
         )
 
-    async def begin_handoff(
-        self, request: StateHandoffRequest, *, timeout_ms: int
-    ) -> DrainAccepted:
+    async def begin_handoff(self, request: StateHandoffRequest, *, timeout_ms: int) -> Accepted:
         """Ask this (new) generation to fetch and import state from ``request.source``."""
         body = {**request.model_dump(mode="json"), "timeoutMs": timeout_ms}
-        return await self._call(DrainAccepted, "POST", paths.RUNTIME_STATE_BEGIN_PATH, json=body)
+        return await self._call(Accepted, "POST", paths.RUNTIME_STATE_BEGIN_PATH, json=body)
 
     async def handoff_status(self, nonce: str) -> StateHandoffStatus:
         params = {"nonce": nonce}

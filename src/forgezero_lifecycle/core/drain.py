@@ -35,7 +35,8 @@ from ..wire._protocol import DrainState, is_nonce
 if TYPE_CHECKING:
     # The wire models (pydantic) are imported by the methods that need them, on the first drain
     # request: a runtime that is never drained does not load pydantic.
-    from ..wire.drain import DrainAccepted, DrainRequest, DrainStatus, WorkCounters
+    from ..wire.accepted import Accepted
+    from ..wire.drain import DrainRequest, DrainStatus, WorkCounters
 
 __all__ = ["DrainController", "DrainDependencies", "DrainStatistics"]
 
@@ -141,9 +142,10 @@ class DrainController:
             "drain back to serve again before beginning another"
         )
 
-    def begin(self, request: object) -> DrainAccepted:
+    def begin(self, request: object) -> Accepted:
         """Start draining, or acknowledge an exact retry of the running drain."""
-        from ..wire.drain import DrainAccepted, parse_drain_request
+        from ..wire.accepted import Accepted
+        from ..wire.drain import parse_drain_request
 
         parsed = parse_drain_request(request)
         if self._revision is not None and parsed.source_revision != self._revision:
@@ -155,7 +157,7 @@ class DrainController:
             assert self._request is not None
             if not self._request.same_drain(parsed):
                 raise DrainConflict("RUNTIME_DRAIN_ALREADY_STARTED", detail=self._conflict())
-            return DrainAccepted(duplicate=True)
+            return Accepted(duplicate=True)
         if parsed.nonce in self._retired_nonces:
             raise DrainConflict(
                 "RUNTIME_DRAIN_ALREADY_STARTED",
@@ -177,7 +179,7 @@ class DrainController:
             timeout_ms=parsed.timeout_ms,
         )
         self._start(parsed.timeout_ms)
-        return DrainAccepted(duplicate=False)
+        return Accepted(duplicate=False)
 
     def status(self, nonce: object) -> DrainStatus:
         """The drain's progress; unknown or malformed nonces are not found."""

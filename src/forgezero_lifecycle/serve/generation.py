@@ -22,7 +22,8 @@ from typing import Any, final
 
 from .._errors import DrainFailed
 from ..core.drain import DrainController
-from ..wire.drain import DrainAccepted, DrainRequest, WorkCounters
+from ..wire.accepted import Accepted
+from ..wire.drain import DrainRequest, WorkCounters
 from .forwarding import ForwardedControl
 from .handovers import HandoverLog
 from .options import ServeOptions
@@ -138,7 +139,7 @@ class Generation:
         """The drain request the controller holds (the one being begun, during ``begin``)."""
         return self.controller._request
 
-    def begin(self, request: dict[str, Any]) -> DrainAccepted:
+    def begin(self, request: dict[str, Any]) -> Accepted:
         """Begin (or acknowledge a retry of) the generation's drain; the controller validates."""
         return self.controller.begin(request)
 

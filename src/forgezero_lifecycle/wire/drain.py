@@ -17,7 +17,6 @@ __all__ = [
     "DRAIN_PROTOCOL",
     "MAX_DRAIN_TIMEOUT_MS",
     "MIN_DRAIN_TIMEOUT_MS",
-    "DrainAccepted",
     "DrainRequest",
     "DrainState",
     "DrainStatus",
@@ -73,15 +72,6 @@ class DrainStatus(DrainRequest):
     #: Optional, non-secret: what the runtime knows beyond the counters (e.g. that it is one of
     #: several worker processes sharing a listening socket).
     detail: dict[str, Any] | None = None
-
-
-class DrainAccepted(BaseModel):
-    """The answer to ``begin``: ``duplicate`` is true for an exact retry of the running drain."""
-
-    model_config = WIRE_CONFIG
-
-    accepted: Literal[True] = True
-    duplicate: bool
 
 
 class RollbackRequest(BaseModel):

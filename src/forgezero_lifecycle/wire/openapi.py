@@ -24,10 +24,10 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from . import paths
 from ._types import NONCE_PATTERN, REVISION_PATTERN, pattern_schema
+from .accepted import Accepted
 from .drain import (
     MAX_DRAIN_TIMEOUT_MS,
     MIN_DRAIN_TIMEOUT_MS,
-    DrainAccepted,
     DrainRequest,
     DrainStatus,
     RollbackRequest,
@@ -42,7 +42,7 @@ _MODELS: Final[Sequence[tuple[type[BaseModel], JsonSchemaMode]]] = (
     (DrainRequest, "validation"),
     (RollbackRequest, "validation"),
     (StateHandoffRequest, "validation"),
-    (DrainAccepted, "serialization"),
+    (Accepted, "serialization"),
     (DrainStatus, "serialization"),
     (StateEnvelope, "serialization"),
     (StateHandoffStatus, "serialization"),
@@ -125,7 +125,7 @@ def _paths() -> dict[str, Any]:
                 "beginDrain",
                 "Begin draining this generation (an exact retry is a duplicate).",
                 body="DrainRequest",
-                ok=(202, "DrainAccepted"),
+                ok=(202, "Accepted"),
                 errors={
                     400: ("RUNTIME_DRAIN_REQUEST_INVALID",),
                     409: ("RUNTIME_DRAIN_ALREADY_STARTED", "RUNTIME_DRAIN_REVISION_MISMATCH"),
@@ -182,7 +182,7 @@ def _paths() -> dict[str, Any]:
                 "beginHandoff",
                 "Make this (new) generation fetch and import the old one's state.",
                 body="StateHandoffBegin",
-                ok=(202, "DrainAccepted"),
+                ok=(202, "Accepted"),
                 errors={
                     400: (
                         "RUNTIME_STATE_REQUEST_INVALID",
