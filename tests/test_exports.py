@@ -24,6 +24,15 @@ def _isort_key(name: str) -> tuple[int, str]:
     return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
 
 
+def _run(probe: str) -> str:
+    """What a fresh interpreter running ``probe`` prints."""
+    # Unmeasured: coverage keeps its data in SQLite, so a measured child has sqlite3 loaded.
+    env = {k: v for k, v in os.environ.items() if k != "COVERAGE_PROCESS_CONFIG"}
+    return subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
+    ).stdout.strip()
+
+
 def test_all_is_sorted_and_unique() -> None:
     """__all__ is kept sorted so additions are reviewed where they belong."""
     names = forgezero_lifecycle.__all__
@@ -135,15 +144,6 @@ def test_exported_objects_claim_a_library_module() -> None:
         value = getattr(forgezero_lifecycle, name)
         if inspect.isclass(value) or inspect.isfunction(value):
             assert value.__module__.startswith("forgezero_lifecycle"), name
-
-
-def _run(probe: str) -> str:
-    """What a fresh interpreter running ``probe`` prints."""
-    # Unmeasured: coverage keeps its data in SQLite, so a measured child has sqlite3 loaded.
-    env = {k: v for k, v in os.environ.items() if k != "COVERAGE_PROCESS_CONFIG"}
-    return subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
-    ).stdout.strip()
 
 
 def test_importing_the_runtime_does_not_import_httpx() -> None:
