@@ -42,6 +42,10 @@ logger = logging.getLogger("forgezero_lifecycle.jobs")
 
 H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
 
+#: Whether the claim loop may claim: ``claiming`` → ``paused`` (drain) → ``claiming`` (rollback),
+#: or ``stopped`` for good.
+_Intake = Literal["claiming", "paused", "stopped"]
+
 
 @final
 class JobWorker(Generic[ConnT]):
@@ -83,10 +87,8 @@ class JobWorker(Generic[ConnT]):
         self._batcher = CompletionBatcher(store, f"forgezero-jobs-{self._owner}")
         self._runner = JobRunner(store, dict(handlers or {}), self._batcher, backoff, self._owner)
         self._unsubscribe: Callable[[], None] | None = None
-        self._paused = False
-        self._stopped = False
-        self._resumed = asyncio.Event()
-        self._resumed.set()
+        self._intake: _Intake = "claiming"
+        #: Set by an enqueue through the store and by :meth:`resume_intake`: claim now.
         self._wake = asyncio.Event()
         self._claim_quiet = asyncio.Event()
         self._claim_quiet.set()
@@ -122,15 +124,14 @@ class JobWorker(Generic[ConnT]):
 
     def pause_intake(self) -> None:
         """Stop claiming from this instant; running jobs continue (synchronous)."""
-        self._paused = True
-        self._resumed.clear()
+        if self._intake == "claiming":
+            self._intake = "paused"
 
     def resume_intake(self) -> None:
         """Claim again (drain rollback)."""
-        if self._stopped:
+        if self._intake == "stopped":
             return
-        self._paused = False
-        self._resumed.set()
+        self._intake = "claiming"
         self._wake.set()
 
     async def drain(self, timeout: float) -> None:
@@ -187,7 +188,7 @@ class JobWorker(Generic[ConnT]):
 
     def start(self) -> None:
         """Start claiming, heartbeating and completing (inside a running event loop)."""
-        if self._tasks or self._stopped:
+        if self._tasks or self._intake == "stopped":
             raise JobStateError(detail="a JobWorker starts once; create a new one after stop()")
         self._batcher.start()
         self._unsubscribe = self._store.subscribe(self.wake)
@@ -204,12 +205,11 @@ class JobWorker(Generic[ConnT]):
 
     async def stop(self, timeout: float | None = None) -> None:
         """Drain (``timeout`` defaults to the lease), then stop every background task."""
-        if self._stopped:
+        if self._intake == "stopped":
             return
         if self._tasks:
             await self.drain(self._lease if timeout is None else timeout)
-        self._stopped = True
-        self.pause_intake()
+        self._intake = "stopped"
         if self._unsubscribe is not None:
             self._unsubscribe()
         self._runner.abandon()
@@ -228,7 +228,7 @@ class JobWorker(Generic[ConnT]):
         return WorkerStats(
             owner=self._owner,
             running=len(self._runner.runs),
-            paused=self._paused,
+            paused=self._intake != "claiming",
             last_error=self._runner.last_error,
             **self._runner.counts,
         )
@@ -238,8 +238,9 @@ class JobWorker(Generic[ConnT]):
     async def _claim_loop(self) -> None:
         next_sweep = self._clock.monotonic()
         while True:
-            if self._paused:
-                await self._resumed.wait()
+            if self._intake != "claiming":
+                self._wake.clear()
+                await self._wake.wait()
                 continue
             free = self._runner.free_slots(self._concurrency)
             if free <= 0:
@@ -250,7 +251,7 @@ class JobWorker(Generic[ConnT]):
                 next_sweep = self._clock.monotonic() + self._reclaim_every
                 await self._sweep()
             self._wake.clear()
-            if not await self._claim(free) and not self._paused:
+            if not await self._claim(free) and self._intake == "claiming":
                 await wait_event(self._wake, self._clock, self._idle_interval)
 
     async def _sweep(self) -> None:
@@ -263,7 +264,7 @@ class JobWorker(Generic[ConnT]):
                 logger.info("jobs.reclaimed_expired owner=%s count=%d", self._owner, count)
 
     async def _claim(self, free: int) -> int:
-        if self._paused:  # checked with no await before the claim starts: none after a pause
+        if self._intake != "claiming":  # no await before the claim starts: none after a pause
             return 0
         self._claim_quiet.clear()
         try:
@@ -274,7 +275,7 @@ class JobWorker(Generic[ConnT]):
             except Exception as exc:
                 self._runner.record("jobs.claim_failed", exc)
                 return 0
-            if self._paused:  # the gate closed while the claim was in flight
+            if self._intake != "claiming":  # the gate closed while the claim was in flight
                 for lease in leases:
                     await self._runner.release(lease)
                 return len(leases)
