@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from forgezero_lifecycle._errors import JobInvalid
-from forgezero_lifecycle.jobs.store import (
+from forgezero_lifecycle.jobs._enqueue import (
     MAX_DELAY_SECONDS,
     MAX_IDEMPOTENCY_KEY_BYTES,
     MAX_PAYLOAD_BYTES,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from .._lazy import attach
 
 if TYPE_CHECKING:
+    from ._outcome import exponential_backoff as exponential_backoff
     from .memory import MemoryJobStore as MemoryJobStore
     from .memory import MemoryTransaction as MemoryTransaction
     from .postgres import PgConnection as PgConnection
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from .store import JobStats as JobStats
     from .store import JobStore as JobStore
     from .store import Lease as Lease
-    from .store import exponential_backoff as exponential_backoff
     from .worker import Handler as Handler
     from .worker import JobWorker as JobWorker
     from .worker import WorkerStats as WorkerStats

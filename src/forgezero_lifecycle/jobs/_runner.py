@@ -10,7 +10,8 @@ from typing import Any, Generic, Literal, final
 
 from .._errors import JobHandlerUnknown, LeaseLostError
 from ._batcher import CompletionBatcher
-from .store import ConnT, JobStore, Lease, result_json
+from ._outcome import result_json
+from .store import ConnT, JobStore, Lease
 
 __all__ = ["Handler", "JobRunner", "WorkerStats"]
 

@@ -17,16 +17,9 @@ from typing import Any, final
 import orjson
 
 from .._errors import IdempotencyConflict, JobStateError, LeaseLostError
-from .store import (
-    Enqueue,
-    Job,
-    JobStats,
-    Lease,
-    Listeners,
-    error_text,
-    prepare_enqueue,
-    prepare_enqueue_many,
-)
+from ._enqueue import Enqueue, Listeners, prepare_enqueue, prepare_enqueue_many
+from ._outcome import error_text
+from .store import Job, JobStats, Lease
 
 __all__ = ["MemoryJobStore", "MemoryTransaction"]
 

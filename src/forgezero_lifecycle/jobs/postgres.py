@@ -34,19 +34,10 @@ import orjson
 
 from .._errors import ConfigurationError, IdempotencyConflict, JobStoreError, LeaseLostError
 from . import _pg_sql
+from ._enqueue import Enqueue, Listeners, prepare_enqueue, prepare_enqueue_many, queued_job
+from ._outcome import error_text, result_json
 from ._pg_sql import Statements, row_to_job
-from .store import (
-    Enqueue,
-    Job,
-    JobStats,
-    Lease,
-    Listeners,
-    error_text,
-    prepare_enqueue,
-    prepare_enqueue_many,
-    queued_job,
-    result_json,
-)
+from .store import Job, JobStats, Lease
 
 __all__ = ["PgConnection", "PostgresJobStore"]
 

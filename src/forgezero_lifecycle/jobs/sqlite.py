@@ -34,18 +34,10 @@ from .._errors import (
     LeaseLostError,
 )
 from . import _sqlite_sql as q
+from ._enqueue import Listeners, prepare_enqueue, prepare_enqueue_many, queued_job
+from ._outcome import error_text, result_json
 from ._sqlite_db import SQLiteDatabase, SQLiteTransaction
-from .store import (
-    Job,
-    JobStats,
-    Lease,
-    Listeners,
-    error_text,
-    prepare_enqueue,
-    prepare_enqueue_many,
-    queued_job,
-    result_json,
-)
+from .store import Job, JobStats, Lease
 
 __all__ = ["SQLiteJobStore", "SQLiteTransaction"]
 

@@ -33,8 +33,9 @@ from .._clock import Clock, SystemClock, wait_event
 from .._errors import ConfigurationError, JobStateError
 from .._events import emit
 from ._batcher import CompletionBatcher
+from ._outcome import exponential_backoff
 from ._runner import Handler, JobRunner, WorkerStats
-from .store import ConnT, JobStore, exponential_backoff
+from .store import ConnT, JobStore
 
 __all__ = ["Handler", "JobWorker", "WorkerStats"]
 

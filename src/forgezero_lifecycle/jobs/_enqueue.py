@@ -1,0 +1,260 @@
+"""What every store does before it writes an enqueue: refuse bad input, encode, hash.
+
+The checks and limits are the same for every store (README, "Durable fenced jobs"), so a
+deterministic input error is always ``JOB_INVALID`` and never reaches a database, where it
+could look like ``JOB_STORE_UNAVAILABLE``, a retryable error. Also here: the row a store has
+just inserted (built from the insert's own arguments) and the listeners an enqueue wakes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, final
+
+import orjson
+
+from .._errors import JobInvalid
+from .store import Job
+
+__all__ = [
+    "MAX_ATTEMPTS",
+    "MAX_DELAY_SECONDS",
+    "MAX_IDEMPOTENCY_KEY_BYTES",
+    "MAX_PAYLOAD_BYTES",
+    "MAX_QUEUE_NAME_BYTES",
+    "Enqueue",
+    "Listeners",
+    "check_enqueue",
+    "check_json_data",
+    "new_key",
+    "payload_hash",
+    "payload_json",
+    "prepare_enqueue",
+    "prepare_enqueue_many",
+    "queued_job",
+]
+
+#: A payload's compact JSON: a job carries a reference to big data, not the data.
+MAX_PAYLOAD_BYTES: Final = 1_048_576
+#: An idempotency key's UTF-8 (PostgreSQL's unique index refuses entries past ~2700 bytes).
+MAX_IDEMPOTENCY_KEY_BYTES: Final = 1024
+MAX_QUEUE_NAME_BYTES: Final = 256
+#: Ten years: beyond it a delay is a mistake (``inf`` would park a job forever).
+MAX_DELAY_SECONDS: Final = 315_576_000
+#: PostgreSQL's ``integer`` column.
+MAX_ATTEMPTS: Final = 2**31 - 1
+
+
+@final
+class Listeners:
+    """The callbacks a store wakes on every enqueue through it (the worker's early wake-up)."""
+
+    __slots__ = ("_callbacks",)
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[], None]] = []
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Add ``callback``; the returned function removes it (safe to call twice)."""
+        self._callbacks.append(callback)
+
+        def unsubscribe() -> None:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+        return unsubscribe
+
+    def notify(self) -> None:
+        for callback in list(self._callbacks):
+            callback()
+
+
+def payload_json(payload: Mapping[str, Any]) -> str:
+    """The payload as compact JSON with sorted keys (what stores persist).
+
+    Only JSON data passes (see :func:`check_json_data`), at most :data:`MAX_PAYLOAD_BYTES`.
+    """
+    if not isinstance(payload, Mapping):
+        raise JobInvalid(detail=f"a job payload must be a mapping, not {type(payload).__name__}")
+    data = dict(payload)
+    check_json_data(data)
+    try:
+        text = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError as error:
+        raise JobInvalid(detail=f"a job payload must be JSON data: {error}") from None
+    if len(text) > MAX_PAYLOAD_BYTES:
+        raise JobInvalid(
+            detail=f"a job payload is at most {MAX_PAYLOAD_BYTES} bytes of JSON, got {len(text)}; "
+            "store large data elsewhere and enqueue a reference to it"
+        )
+    return text.decode()
+
+
+def check_json_data(data: object) -> None:
+    """Refuse what JSON cannot carry exactly, or one of the stores cannot keep.
+
+    JSON data is ``dict`` (``str`` keys), ``list``/``tuple``, ``str``, ``int``, finite
+    ``float``, ``bool`` and ``None``. Refused, before anything is written: ``NaN`` and
+    ``Infinity`` (JSON has no such numbers, orjson would write ``null``), every other type
+    (``datetime``, ``UUID``, dataclasses, ``Decimal``, ``bytes``, sets... which a serialiser
+    would silently turn into something else) and strings with NUL (PostgreSQL's ``jsonb`` cannot
+    hold ``\\u0000``). Lone surrogates and integers beyond 64 bits are refused by the encoder.
+    """
+    pending: list[tuple[object, str]] = [(data, "payload")]
+    while pending:
+        value, where = pending.pop()
+        if value is None or isinstance(value, bool | int):
+            continue
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise JobInvalid(detail=f"{where} holds a NUL character, which jobs cannot store")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise JobInvalid(detail=f"{where} is {value!r}, which JSON cannot carry")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise JobInvalid(
+                        detail=f"{where} has a {type(key).__name__} key; JSON keys are str"
+                    )
+                if "\x00" in key:
+                    raise JobInvalid(detail=f"{where} has a key with a NUL character")
+                pending.append((item, f"{where}[{key[:40]!r}]"))
+        elif isinstance(value, list | tuple):
+            pending.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
+        else:
+            raise JobInvalid(
+                detail=f"{where} is a {type(value).__name__}, not JSON data; convert it first "
+                "(str(uuid), datetime.isoformat(), dataclasses.asdict(...))"
+            )
+
+
+def payload_hash(queue: str, payload_text: str) -> str:
+    """The digest that tells a reused idempotency key from a repeated enqueue."""
+    return hashlib.sha256(f"{queue}\x00{payload_text}".encode()).hexdigest()
+
+
+def new_key() -> str:
+    """An idempotency key for a job enqueued without one."""
+    return f"auto:{uuid.uuid4().hex}"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    """An enqueue's arguments checked and encoded, ready for any store to write."""
+
+    payload_text: str
+    payload_digest: str
+    idempotency_key: str
+
+
+def queued_job(
+    job_id: int,
+    queue: str,
+    payload: dict[str, Any],
+    idempotency_key: str,
+    max_attempts: int,
+    run_after: float,
+) -> Job:
+    """The row a store has just inserted, from what the insert wrote (no read of it back)."""
+    return Job(
+        id=job_id,
+        queue=queue,
+        payload=payload,
+        idempotency_key=idempotency_key,
+        state="queued",
+        attempts=0,
+        max_attempts=max_attempts,
+        run_after=run_after,
+        fence=0,
+        lease_owner=None,
+        lease_until=None,
+        last_error=None,
+        result=None,
+    )
+
+
+def prepare_enqueue(
+    queue: str,
+    payload: Mapping[str, Any],
+    idempotency_key: str | None,
+    delay: float,
+    max_attempts: int,
+) -> Enqueue:
+    """What every store does first: refuse bad arguments (JobInvalid), encode and hash.
+
+    The checks are the same for every store, so a deterministic input error is always
+    ``JOB_INVALID`` and never reaches a database (where it could look like
+    ``JOB_STORE_UNAVAILABLE``, a retryable error).
+    """
+    check_enqueue(queue, delay, max_attempts)
+    if idempotency_key is not None:
+        _check_text(idempotency_key, "idempotency_key", MAX_IDEMPOTENCY_KEY_BYTES)
+    text = payload_json(payload)
+    return Enqueue(
+        payload_text=text,
+        payload_digest=payload_hash(queue, text),
+        idempotency_key=new_key() if idempotency_key is None else idempotency_key,
+    )
+
+
+def prepare_enqueue_many(
+    queue: str,
+    payloads: Sequence[Mapping[str, Any]],
+    idempotency_keys: Sequence[str | None] | None,
+    delay: float,
+    max_attempts: int,
+) -> list[Enqueue]:
+    """``enqueue_many``'s preamble: :func:`prepare_enqueue` for every item, before any write."""
+    if isinstance(payloads, Mapping | str | bytes) or not isinstance(payloads, Sequence):
+        raise JobInvalid(
+            detail=f"enqueue_many takes a sequence of payloads, not {type(payloads).__name__}"
+        )
+    keys: Sequence[str | None] = (
+        [None] * len(payloads) if idempotency_keys is None else idempotency_keys
+    )
+    if isinstance(keys, str) or len(keys) != len(payloads):
+        raise JobInvalid(detail="idempotency_keys must be a sequence as long as payloads")
+    if not payloads:
+        check_enqueue(queue, delay, max_attempts)
+    return [
+        prepare_enqueue(queue, payload, key, delay, max_attempts)
+        for payload, key in zip(payloads, keys, strict=True)
+    ]
+
+
+def check_enqueue(queue: str, delay: float, max_attempts: int) -> None:
+    """Reject malformed enqueue arguments before touching the store."""
+    if not isinstance(queue, str) or not queue:
+        raise JobInvalid(detail="a job needs a non-empty queue (handler) name")
+    _check_text(queue, "the queue name", MAX_QUEUE_NAME_BYTES)
+    if isinstance(delay, bool) or not isinstance(delay, int | float):
+        raise JobInvalid(detail=f"delay must be a number of seconds, not {type(delay).__name__}")
+    if not 0 <= delay <= MAX_DELAY_SECONDS:
+        raise JobInvalid(
+            detail=f"delay must be between 0 and {MAX_DELAY_SECONDS} seconds (10 years), "
+            f"got {delay!r}"
+        )
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+        raise JobInvalid(detail=f"max_attempts must be an int, not {type(max_attempts).__name__}")
+    if not 1 <= max_attempts <= MAX_ATTEMPTS:
+        raise JobInvalid(detail=f"max_attempts must be 1 to {MAX_ATTEMPTS}, got {max_attempts!r}")
+
+
+def _check_text(text: object, what: str, limit: int) -> None:
+    """A name or key every store can index: a str, valid UTF-8, no NUL, at most ``limit`` bytes."""
+    if not isinstance(text, str) or not text:
+        raise JobInvalid(detail=f"{what} must be a non-empty str")
+    if "\x00" in text:
+        raise JobInvalid(detail=f"{what} holds a NUL character")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise JobInvalid(detail=f"{what} holds a lone surrogate (not valid Unicode text)") from None
+    if size > limit:
+        raise JobInvalid(detail=f"{what} is at most {limit} bytes of UTF-8, got {size}")
