@@ -127,6 +127,26 @@ async def test_postgres_refuses_a_newer_schema(pg_dsn: str, pg_schema: str) -> N
         await store.close()
 
 
+@pytest.mark.postgres
+async def test_postgres_does_not_hand_out_a_connection_the_server_closed(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """After the server ends a pooled connection (a restart does it to all), enqueue still works."""
+    async with PostgresJobStore(pg_dsn, schema=pg_schema, min_size=1, max_size=1) as store:
+        async with store.transaction() as conn:
+            row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
+        assert row is not None
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+            gone = "SELECT 1 FROM pg_stat_activity WHERE pid = %s"
+            with anyio.fail_after(5):  # the server offers no event for a backend's exit
+                while await (await admin.execute(gone, (row[0],))).fetchone():  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+        await anyio.sleep(0.05)  # the end of file crosses loopback
+        job = await store.enqueue("q", {"after": "terminate"})
+        assert await store.get(job.id) == job
+
+
 def test_postgres_arguments_are_validated() -> None:
     """A schema name must be a plain identifier; exactly one of dsn and pool."""
     for bad in ("", "1abc", "a-b", 'x"; DROP TABLE y; --', "a" * 64):

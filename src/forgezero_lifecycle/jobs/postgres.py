@@ -10,11 +10,16 @@ Multi-row statements lock in id order or skip locked rows, so they cannot deadlo
 Tables live in their own schema (``schema="forgezero"`` by default), created and migrated by
 :meth:`PostgresJobStore.open` under an advisory lock, so two generations opening at once are
 safe and a second run is a no-op. Needs ``pip install 'forgezero-lifecycle[postgres]'``.
+
+A pool the store owns checks each connection before handing it out, so after a server restart
+the next enqueue gets a fresh connection instead of the dead one; the check is a zero-timeout
+``select`` on the socket, not a round trip.
 """
 
 from __future__ import annotations
 
 import logging
+import select
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, final
@@ -63,7 +68,8 @@ class PostgresJobStore:
     """A :class:`~forgezero_lifecycle.jobs.store.JobStore` on PostgreSQL.
 
     Pass a ``dsn`` (the store owns its pool) or an open ``pool`` (the caller owns it; its
-    connections must be in autocommit mode).
+    connections must be in autocommit mode, and its own ``check=`` decides whether a dead
+    connection can be handed out).
     """
 
     def __init__(
@@ -87,6 +93,7 @@ class PostgresJobStore:
             open=False,
             kwargs={"autocommit": True},
             configure=self._configure,
+            check=self._check,
             name=f"forgezero-jobs-{schema}",
         )
         self._listeners = Listeners()
@@ -95,6 +102,21 @@ class PostgresJobStore:
     @staticmethod
     async def _configure(conn: PgConnection) -> None:
         set_json_loads(orjson.loads, conn)
+
+    @staticmethod
+    async def _check(conn: PgConnection) -> None:
+        """Raise if a pooled connection's server is gone; the pool then replaces it.
+
+        An idle connection has nothing to read. A readable socket means the server closed it
+        (a restart or ``pg_terminate_backend`` sends a FATAL message, then end of file) or sent
+        something unasked, and only then is the round trip of
+        :meth:`~psycopg_pool.AsyncConnectionPool.check_connection` paid. ``check_connection`` on
+        every checkout adds a round trip to every enqueue: on a busy 2-core machine a checkout
+        went from 9 to 257-316 us with it (9.3 with this probe), against an enqueue of 300-450 us.
+        """
+        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+        if readable:
+            await AsyncConnectionPool.check_connection(conn)
 
     async def open(self) -> None:
         """Open the pool (when owned) and create or migrate the schema."""
