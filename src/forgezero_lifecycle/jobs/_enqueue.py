@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-import uuid
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, final
@@ -139,8 +139,12 @@ def payload_hash(queue: str, payload_text: str) -> str:
 
 
 def new_key() -> str:
-    """An idempotency key for a job enqueued without one."""
-    return f"auto:{uuid.uuid4().hex}"
+    """An idempotency key for a job enqueued without one: 128 random bits in hex.
+
+    ``os.urandom`` and not ``uuid.uuid4().hex``: the same 32 hex characters (six more random
+    bits) in a fifth of the time, which an enqueue without a key pays once per job.
+    """
+    return f"auto:{os.urandom(16).hex()}"
 
 
 @final
@@ -193,6 +197,11 @@ def prepare_enqueue(
     ``JOB_STORE_UNAVAILABLE``, a retryable error).
     """
     check_enqueue(queue, delay, max_attempts)
+    return _prepare_item(queue, payload, idempotency_key)
+
+
+def _prepare_item(queue: str, payload: Mapping[str, Any], idempotency_key: str | None) -> Enqueue:
+    """The per-job part of :func:`prepare_enqueue` (its queue, delay and attempts checked)."""
     if idempotency_key is not None:
         _check_text(idempotency_key, "idempotency_key", MAX_IDEMPOTENCY_KEY_BYTES)
     text = payload_json(payload)
@@ -210,7 +219,11 @@ def prepare_enqueue_many(
     delay: float,
     max_attempts: int,
 ) -> list[Enqueue]:
-    """``enqueue_many``'s preamble: :func:`prepare_enqueue` for every item, before any write."""
+    """``enqueue_many``'s preamble: :func:`prepare_enqueue` for every item, before any write.
+
+    The queue, delay and attempts are the batch's, checked once (they would fail on the first
+    item or not at all).
+    """
     if isinstance(payloads, Mapping | str | bytes) or not isinstance(payloads, Sequence):
         raise JobInvalid(
             detail=f"enqueue_many takes a sequence of payloads, not {type(payloads).__name__}"
@@ -220,12 +233,8 @@ def prepare_enqueue_many(
     )
     if isinstance(keys, str) or len(keys) != len(payloads):
         raise JobInvalid(detail="idempotency_keys must be a sequence as long as payloads")
-    if not payloads:
-        check_enqueue(queue, delay, max_attempts)
-    return [
-        prepare_enqueue(queue, payload, key, delay, max_attempts)
-        for payload, key in zip(payloads, keys, strict=True)
-    ]
+    check_enqueue(queue, delay, max_attempts)
+    return [_prepare_item(queue, payload, key) for payload, key in zip(payloads, keys, strict=True)]
 
 
 def check_enqueue(queue: str, delay: float, max_attempts: int) -> None:
