@@ -97,13 +97,25 @@ def row_to_job(row: tuple[Any, ...]) -> Job:
     )
 
 
-INSERT = (
-    "INSERT INTO forgezero_jobs (queue, payload, payload_hash, idempotency_key, max_attempts,"
-    " run_after, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-    # Only the id: the rest of the new row is in the insert's own arguments.
-    " ON CONFLICT (idempotency_key) DO NOTHING RETURNING id"
-)
+_VALUES = "(?, ?, ?, ?, ?, ?, ?, ?)"
+
+
+def insert(rows: int = 1) -> str:
+    """An insert of ``rows`` rows returning what the arguments do not say: id (and the key)."""
+    return (
+        "INSERT INTO forgezero_jobs (queue, payload, payload_hash, idempotency_key, max_attempts,"
+        f" run_after, created_at, updated_at) VALUES {', '.join([_VALUES] * rows)}"
+        " ON CONFLICT (idempotency_key) DO NOTHING RETURNING id, idempotency_key"
+    )
+
+
+INSERT = insert()
 BY_KEY = f"SELECT {COLUMNS}, payload_hash FROM forgezero_jobs WHERE idempotency_key = ?"
+#: The keys as one JSON array parameter: no limit on how many.
+BY_KEYS = (
+    f"SELECT {COLUMNS}, payload_hash FROM forgezero_jobs"
+    " WHERE idempotency_key IN (SELECT value FROM json_each(?))"
+)
 CLAIM = (
     "UPDATE forgezero_jobs SET state = 'leased', fence = fence + 1, attempts = attempts + 1,"
     " lease_owner = ?, lease_until = ?, updated_at = ? WHERE id IN ("

@@ -16,6 +16,7 @@ process and for the other generation.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sqlite3
@@ -278,20 +279,68 @@ def _insert(conn: sqlite3.Connection, row: tuple[Any, ...]) -> Job:
         queue, text, _, key, max_attempts, run_after = row[:6]
         return queued_job(inserted[0][0], queue, orjson.loads(text), key, max_attempts, run_after)
     found = conn.execute(q.BY_KEY, (row[3],)).fetchall()
-    if not found:  # pragma: no cover - the conflicting row cannot vanish inside our transaction
+    return _stored(found[0] if found else None, row)
+
+
+def _resolve(
+    rows: list[tuple[Any, ...]], ids: dict[str, int], found: dict[str, tuple[Any, ...]]
+) -> list[Job]:
+    """Each row's job: the one its insert wrote, else the stored one its key names."""
+    seen: dict[str, tuple[str, Job]] = {}
+    jobs = []
+    for row in rows:
+        key = row[3]
+        if key in seen:  # repeated in the batch: the first one's job, if the payload is the same
+            digest, job = seen[key]
+            if digest != row[2]:
+                raise _conflict(key)
+            job = dataclasses.replace(job, payload=orjson.loads(row[1]))
+        elif key in ids:
+            job = queued_job(ids[key], row[0], orjson.loads(row[1]), key, row[4], row[5])
+        else:
+            job = _stored(found.get(key), row)
+        seen[key] = (row[2], job)
+        jobs.append(job)
+    return jobs
+
+
+def _conflict(key: str) -> IdempotencyConflict:
+    return IdempotencyConflict(
+        detail=f"idempotency key {key!r} was used for a different queue or payload"
+    )
+
+
+def _stored(found: tuple[Any, ...] | None, row: tuple[Any, ...]) -> Job:
+    """The stored job ``row``'s key names, if it holds the same queue and payload."""
+    if found is None:  # pragma: no cover - the conflicting row cannot vanish inside our tx
         raise JobStoreError(detail=f"idempotency key {row[3]!r} conflicted but was not found")
-    if found[0][-1] != row[2]:
-        raise IdempotencyConflict(
-            detail=f"idempotency key {row[3]!r} was used for a different queue or payload"
-        )
-    return q.row_to_job(found[0][:-1])
+    if found[-1] != row[2]:
+        raise _conflict(row[3])
+    return q.row_to_job(found[:-1])
 
 
 def _insert_many(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> list[Job]:
-    """Every row or none: a savepoint, so a conflict undoes the batch inside a caller's tx."""
+    """Every row or none: a savepoint, so a conflict undoes the batch inside a caller's tx.
+
+    Multi-row inserts of up to 500 rows return the id of each row they wrote; only the keys
+    that were already stored are read back (in one query) and checked as :func:`_insert` does
+    it, and a key repeated in the batch gets its first item's job if the payload is the same.
+    """
     conn.execute("SAVEPOINT forgezero_enqueue_many")
     try:
-        jobs = [_insert(conn, row) for row in rows]
+        chunk = max(1, min(500, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 8))
+        ids: dict[str, int] = {}
+        for start in range(0, len(rows), chunk):
+            part = rows[start : start + chunk]
+            flat = [value for row in part for value in row]
+            ids.update((key, job_id) for job_id, key in conn.execute(q.insert(len(part)), flat))
+        missing = [key for key in dict.fromkeys(row[3] for row in rows) if key not in ids]
+        found: dict[str, tuple[Any, ...]] = {}
+        if missing:
+            found = {
+                hit[3]: hit for hit in conn.execute(q.BY_KEYS, (orjson.dumps(missing).decode(),))
+            }
+        jobs = _resolve(rows, ids, found)
     except BaseException:
         conn.execute("ROLLBACK TO forgezero_enqueue_many")
         conn.execute("RELEASE forgezero_enqueue_many")
