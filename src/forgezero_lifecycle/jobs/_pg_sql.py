@@ -137,17 +137,20 @@ class Statements:
                 " ON CONFLICT (idempotency_key) DO NOTHING"
                 " RETURNING id, payload, extract(epoch FROM run_after)::float8"
             ),
+            # The arrays go in binary (%b): psycopg escapes every element of a text-format array
+            # with a regular expression, a third of the batch's client time at 10,000 jobs.
             insert_many=(
                 f"INSERT INTO {j} (queue, payload, payload_hash, idempotency_key, max_attempts,"
                 " run_after) SELECT %(queue)s, t.payload::jsonb, t.hash, t.key,"
                 " %(max_attempts)s, now() + %(delay)s * interval '1 second'"
-                " FROM unnest(%(payloads)s::text[], %(hashes)s::text[], %(keys)s::text[])"
+                " FROM unnest(%(payloads)b::text[], %(hashes)b::text[], %(keys)b::text[])"
                 " WITH ORDINALITY AS t(payload, hash, key, n) ORDER BY t.n"
-                f" ON CONFLICT (idempotency_key) DO NOTHING RETURNING {_cols()}, payload_hash"
+                " ON CONFLICT (idempotency_key) DO NOTHING"
+                " RETURNING id, idempotency_key, payload, extract(epoch FROM run_after)::float8"
             ),
             by_key=f"SELECT {_cols()}, payload_hash FROM {j} WHERE idempotency_key = %s",
             by_keys=(
-                f"SELECT {_cols()}, payload_hash FROM {j} WHERE idempotency_key = ANY(%s::text[])"
+                f"SELECT {_cols()}, payload_hash FROM {j} WHERE idempotency_key = ANY(%b::text[])"
             ),
             claim_any=claim.format(queues="NULL"),
             claim_queues=claim.format(queues="%(queues)s::text[]"),

@@ -59,6 +59,21 @@ def _store_errors() -> Iterator[None]:
         raise JobStoreError(detail=f"PostgreSQL: {type(exc).__name__}: {exc}") from exc
 
 
+def _stored(found: tuple[Any, ...] | None, key: str, digest: str) -> Job:
+    """The stored job ``key`` names (the row plus its payload hash), if its payload is the same."""
+    if found is None:
+        raise JobStoreError(detail=f"idempotency key {key!r} is being inserted; retry")
+    if found[-1] != digest:
+        raise _conflict(key)
+    return row_to_job(found[:-1])
+
+
+def _conflict(key: str) -> IdempotencyConflict:
+    return IdempotencyConflict(
+        detail=f"idempotency key {key!r} was used for a different queue or payload"
+    )
+
+
 def _lost(lease: Lease[PgConnection]) -> LeaseLostError:
     return LeaseLostError(detail=f"job {lease.job.id} lost its lease at fence {lease.fence}")
 
@@ -216,13 +231,7 @@ class PostgresJobStore:
                 job_id, payload, run_after = row
                 return queued_job(job_id, args[0], payload, args[3], args[4], run_after)
             found = await (await conn.execute(self._q.by_key, (args[3],))).fetchone()
-        if found is None:
-            raise JobStoreError(detail=f"idempotency key {args[3]!r} is being inserted; retry")
-        if found[-1] != args[2]:
-            raise IdempotencyConflict(
-                detail=f"idempotency key {args[3]!r} was used for a different queue or payload"
-            )
-        return row_to_job(found[:-1])
+        return _stored(found, args[3], args[2])
 
     async def enqueue_many(
         self,
@@ -261,24 +270,28 @@ class PostgresJobStore:
         args["keys"] = [item.idempotency_key for item in items]
         with _store_errors():
             rows = await (await conn.execute(self._q.insert_many, args)).fetchall()
-            by_key = {row[3]: row for row in rows}
-            missing = [key for key in dict.fromkeys(args["keys"]) if key not in by_key]
+            inserted = {row[1]: row for row in rows}
+            missing = [key for key in dict.fromkeys(args["keys"]) if key not in inserted]
+            found: dict[str, tuple[Any, ...]] = {}
             if missing:
-                found = await (await conn.execute(self._q.by_keys, (missing,))).fetchall()
-                by_key.update((row[3], row) for row in found)
+                cur = await conn.execute(self._q.by_keys, (missing,))
+                found = {row[3]: row for row in await cur.fetchall()}
+        queue, max_attempts = args["queue"], args["max_attempts"]
+        seen: dict[str, tuple[str, Job]] = {}
         jobs: list[Job] = []
         for item in items:
-            row = by_key.get(item.idempotency_key)
-            if row is None:
-                raise JobStoreError(
-                    detail=f"idempotency key {item.idempotency_key!r} is being inserted; retry"
-                )
-            if row[-1] != item.payload_digest:
-                raise IdempotencyConflict(
-                    detail=f"idempotency key {item.idempotency_key!r} was used for a different"
-                    " queue or payload"
-                )
-            jobs.append(row_to_job(row[:-1]))
+            key, digest = item.idempotency_key, item.payload_digest
+            if key in seen:  # repeated in the batch: the first one's job, if the same payload
+                if seen[key][0] != digest:
+                    raise _conflict(key)
+                job = seen[key][1]
+            elif key in inserted:
+                job_id, _, payload, run_after = inserted[key]
+                job = queued_job(job_id, queue, payload, key, max_attempts, run_after)
+            else:
+                job = _stored(found.get(key), key, digest)
+            seen[key] = (digest, job)
+            jobs.append(job)
         return jobs
 
     async def _fetch(self, query: str, args: Any) -> list[tuple[Any, ...]]:
