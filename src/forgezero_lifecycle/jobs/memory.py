@@ -17,7 +17,7 @@ from typing import Any, final
 import orjson
 
 from .._errors import IdempotencyConflict, JobStateError, LeaseLostError
-from ._enqueue import Enqueue, Listeners, prepare_enqueue, prepare_enqueue_many
+from ._enqueue import Enqueue, Listeners, prepare_enqueue, prepare_enqueue_many, queued_job
 from ._outcome import error_text
 from .store import Job, JobStats, Lease
 
@@ -195,21 +195,8 @@ class MemoryJobStore:
     def _new_job(
         self, job_id: int, queue: str, item: Enqueue, max_attempts: int, run_after: float
     ) -> Job:
-        return Job(
-            id=job_id,
-            queue=queue,
-            payload=orjson.loads(item.payload_text),
-            idempotency_key=item.idempotency_key,
-            state="queued",
-            attempts=0,
-            max_attempts=max_attempts,
-            run_after=run_after,
-            fence=0,
-            lease_owner=None,
-            lease_until=None,
-            last_error=None,
-            result=None,
-        )
+        payload = orjson.loads(item.payload_text)
+        return queued_job(job_id, queue, payload, item.idempotency_key, max_attempts, run_after)
 
     def _existing(self, key: str, digest: str) -> Job | None:
         job_id = self._by_key.get(key)
