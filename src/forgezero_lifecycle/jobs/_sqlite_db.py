@@ -16,6 +16,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar, final
@@ -90,15 +91,15 @@ class StatementThread:
     The thread is a daemon so a store never closed cannot keep the interpreter alive; a
     statement cut short at interpreter exit was never confirmed to its caller, and SQLite's
     commit is atomic, so nothing acknowledged is lost. :meth:`stop` ends it after the calls
-    already queued.
+    already queued, and so does dropping the object (a store never closed leaks no thread).
     """
 
-    __slots__ = ("_calls", "_thread")
+    __slots__ = ("__weakref__", "_calls")
 
     def __init__(self, name: str) -> None:
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        threading.Thread(target=_serve, args=(self._calls,), name=name, daemon=True).start()
+        weakref.finalize(self, self._calls.put, None)
 
     def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Queue ``fn(*args)`` behind every earlier call; the future holds its outcome."""
@@ -110,16 +111,18 @@ class StatementThread:
     def stop(self) -> None:
         self._calls.put(None)
 
-    def _run(self) -> None:
-        while (call := self._calls.get()) is not None:
-            loop, future, fn, args = call
-            try:
-                outcome, failed = fn(*args), False
-            except BaseException as exc:  # handed to the awaiting task, as an executor does
-                outcome, failed = exc, True
-            with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits it any more
-                loop.call_soon_threadsafe(_settle, future, outcome, failed)
-            del call, future, outcome
+
+def _serve(calls: queue.SimpleQueue[_Call | None]) -> None:
+    """The thread's body: run each call, hand its outcome to its loop, until ``None``."""
+    while (call := calls.get()) is not None:
+        loop, future, fn, args = call
+        try:
+            outcome, failed = fn(*args), False
+        except BaseException as exc:  # handed to the awaiting task, as an executor does
+            outcome, failed = exc, True
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits it any more
+            loop.call_soon_threadsafe(_settle, future, outcome, failed)
+        del call, loop, future, fn, args, outcome  # hold nothing while waiting for the next
 
 
 def _settle(future: asyncio.Future[Any], outcome: Any, failed: bool) -> None:
