@@ -43,6 +43,17 @@ async def test_a_batch_is_idempotent_per_key_like_enqueue(kit: StoreKit) -> None
     assert (await kit.store.stats()).total == 3
 
 
+async def test_a_stored_key_repeated_in_a_batch_returns_the_stored_job_each_time(
+    kit: StoreKit,
+) -> None:
+    """A key already stored and given twice in the batch names the stored job both times."""
+    first = await kit.store.enqueue("q", {"a": 1}, idempotency_key="k1")
+    jobs = await kit.store.enqueue_many("q", [{"a": 1}, {"a": 1}], idempotency_keys=["k1", "k1"])
+    stored = await kit.store.get(first.id)
+    assert jobs == [stored, stored]
+    assert (await kit.store.stats()).total == 1
+
+
 @pytest.mark.parametrize(
     ("payloads", "keys"),
     [
