@@ -34,8 +34,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -162,13 +162,23 @@ async def _enqueue_many(factory: Any, workdir: Path, jobs: int) -> float:
 # -- baselines: plain statements, one transaction each ---------------------------------------
 
 
-def _sqlite_baseline(workdir: Path, rows: int, kind: str) -> float:
-    path = workdir / f"baseline-{uuid.uuid4().hex[:8]}.db"
-    conn = sqlite3.connect(path, isolation_level=None)
+@contextmanager
+def _sqlite_file(workdir: Path, table: bool = True) -> Iterator[sqlite3.Connection]:
+    """A fresh SQLite file with the store's durability settings (WAL, ``synchronous=FULL``)
+    and, with ``table``, the plain table ``t``; closed afterwards."""
+    conn = sqlite3.connect(workdir / f"plain-{uuid.uuid4().hex[:8]}.db", isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, payload TEXT, state TEXT)")
+        if table:
+            conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, payload TEXT, state TEXT)")
+        yield conn
+    finally:
+        conn.close()
+
+
+def _sqlite_baseline(workdir: Path, rows: int, kind: str) -> float:
+    with _sqlite_file(workdir) as conn:
         if kind == "update":
             conn.execute("BEGIN")
             conn.executemany(
@@ -190,28 +200,33 @@ def _sqlite_baseline(workdir: Path, rows: int, kind: str) -> float:
             conn.execute("UPDATE t SET state = 'done' WHERE id = ?", (i,))
             conn.execute("COMMIT")
         return rows / (time.perf_counter() - started)
-    finally:
-        conn.close()
 
 
 @asynccontextmanager
-async def _sqlite_inserter(workdir: Path) -> AsyncIterator[Callable[[int], Any]]:
-    """A plain one-row-per-transaction insert on a fresh SQLite file (same settings)."""
-    path = workdir / f"baseline-{uuid.uuid4().hex[:8]}.db"
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, payload TEXT, state TEXT)")
+async def _sqlite_inserter(
+    workdir: Path, own_sql: bool = False
+) -> AsyncIterator[Callable[[int], Any]]:
+    """A one-row-per-transaction insert on a fresh SQLite file (same settings), on the loop's
+    thread: into the plain table, or with ``own_sql`` the store's own INSERT on its schema."""
+    from forgezero_lifecycle.jobs import _sqlite_sql
 
-    async def insert(i: int) -> None:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT INTO t (payload, state) VALUES (?, 'queued')", (f'{{"i":{i}}}',))
-        conn.execute("COMMIT")
+    with _sqlite_file(workdir, table=not own_sql) as conn:
+        if own_sql:
+            _sqlite_sql.migrate(conn)
 
-    try:
+        def row(i: int) -> tuple[Any, ...]:
+            return _own_row(i) if own_sql else (f'{{"i":{i}}}',)
+
+        statement = (
+            _sqlite_sql.INSERT if own_sql else "INSERT INTO t (payload, state) VALUES (?, 'queued')"
+        )
+
+        async def insert(i: int) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(statement, row(i)).fetchall()
+            conn.execute("COMMIT")
+
         yield insert
-    finally:
-        conn.close()
 
 
 def _postgres_inserter(dsn: str) -> Callable[[], Any]:
@@ -243,27 +258,6 @@ def _own_row(i: int) -> tuple[Any, ...]:
     """The arguments the SQLite store's INSERT gets for job ``i`` (a new key every time)."""
     now = time.time()
     return ("noop", f'{{"i":{i}}}', "0" * 64, f"auto:{uuid.uuid4().hex}", 5, now, now, now)
-
-
-@asynccontextmanager
-async def _sqlite_own_sql(workdir: Path) -> AsyncIterator[Callable[[int], Any]]:
-    """The SQLite store's own INSERT on its own schema, as plain SQL on the loop's thread."""
-    from forgezero_lifecycle.jobs import _sqlite_sql
-
-    conn = sqlite3.connect(workdir / f"own-{uuid.uuid4().hex[:8]}.db", isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    _sqlite_sql.migrate(conn)
-
-    async def insert(i: int) -> None:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute(_sqlite_sql.INSERT, _own_row(i)).fetchall()
-        conn.execute("COMMIT")
-
-    try:
-        yield insert
-    finally:
-        conn.close()
 
 
 def _postgres_own_sql(dsn: str) -> Callable[[], Any]:
@@ -453,7 +447,11 @@ async def _run(quick: bool, dsn: str | None, enqueue_only: bool = False) -> list
             return _sqlite_baseline(base, rows, kind)
 
         sqlite = (_sqlite_store, _sqlite_store)
-        plain = (sqlite_baseline, lambda: _sqlite_inserter(base), lambda: _sqlite_own_sql(base))
+        plain = (
+            sqlite_baseline,
+            lambda: _sqlite_inserter(base),
+            lambda: _sqlite_inserter(base, own_sql=True),
+        )
         out = await _bench_store("sqlite", sqlite, plain, quick, command, enqueue_only)
     if dsn:
 
