@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forgezero_lifecycle._canonical import MAX_DEPTH, _exact, _fast, canonical_json, state_digest
-from forgezero_lifecycle._errors import StateInputInvalid
+from forgezero_lifecycle._errors import StateInputInvalidError
 
 from .conformance._vectors import expected, vectors
 
@@ -35,8 +35,8 @@ def fast(value: object) -> bytes:
     return _fast.encode(value, 0)
 
 
-def refusal(value: object) -> StateInputInvalid:
-    with pytest.raises(StateInputInvalid) as caught:
+def refusal(value: object) -> StateInputInvalidError:
+    with pytest.raises(StateInputInvalidError) as caught:
         canonical_json(value)
     assert caught.value.code == "RUNTIME_STATE_VALUE_INVALID"
     return caught.value
@@ -358,7 +358,7 @@ def test_exact_encoder_passes_every_canonical_vector() -> None:
         want = expected(vector)
         value = json.loads(vector["input"]["json"])
         if "throws" in want:
-            with pytest.raises(StateInputInvalid):
+            with pytest.raises(StateInputInvalidError):
                 exact(value)
         else:
             assert exact(value) == want["canonical"].encode(), vector["id"]
@@ -385,9 +385,9 @@ _VALUES = st.recursive(
 def _outcome(encode: Any, value: object) -> bytes | str:
     try:
         result: bytes = encode(value)
-    except StateInputInvalid as refused:
+    except StateInputInvalidError as refused:
         return refused.code
-    except _fast.Refused:  # the fast encoder leaves the verdict to the exact one
+    except _fast.RefusedError:  # the fast encoder leaves the verdict to the exact one
         return "RUNTIME_STATE_VALUE_INVALID"
     return result
 

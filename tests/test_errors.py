@@ -9,25 +9,25 @@ from forgezero_lifecycle import _errors as errors
 #: Every class, its direct library parent, its builtin base (if any) and its codes.
 TREE = {
     "ConfigurationError": ("LifecycleError", ValueError, ("RUNTIME_CONFIG_INVALID",)),
-    "DrainRequestInvalid": ("DrainError", ValueError, ("RUNTIME_DRAIN_REQUEST_INVALID",)),
-    "DrainConflict": (
+    "DrainRequestInvalidError": ("DrainError", ValueError, ("RUNTIME_DRAIN_REQUEST_INVALID",)),
+    "DrainConflictError": (
         "DrainError",
         RuntimeError,
         ("RUNTIME_DRAIN_ALREADY_STARTED", "RUNTIME_DRAIN_REVISION_MISMATCH"),
     ),
-    "DrainNotFound": ("DrainError", LookupError, ("RUNTIME_DRAIN_NOT_FOUND",)),
-    "DrainCountersInvalid": ("DrainError", ValueError, ("RUNTIME_DRAIN_COUNTERS_INVALID",)),
-    "DrainFailed": (
+    "DrainNotFoundError": ("DrainError", LookupError, ("RUNTIME_DRAIN_NOT_FOUND",)),
+    "DrainCountersInvalidError": ("DrainError", ValueError, ("RUNTIME_DRAIN_COUNTERS_INVALID",)),
+    "DrainFailedError": (
         "DrainError",
         RuntimeError,
         ("RUNTIME_DRAIN_FAILED", "RUNTIME_DRAIN_TIMEOUT", "RUNTIME_DRAIN_NOT_IDLE"),
     ),
-    "ConnectionClosedByDrain": (
+    "ConnectionClosedByDrainError": (
         "DrainError",
         OSError,
         ("RUNTIME_DRAIN_CONNECTION_CLOSED", "RUNTIME_DRAIN_CONNECTION_ABANDONED"),
     ),
-    "StateInputInvalid": (
+    "StateInputInvalidError": (
         "StateError",
         ValueError,
         (
@@ -38,7 +38,7 @@ TREE = {
             "RUNTIME_STATE_ADAPTER_INVALID",
         ),
     ),
-    "StateConflict": (
+    "StateConflictError": (
         "StateError",
         RuntimeError,
         (
@@ -47,13 +47,13 @@ TREE = {
             "RUNTIME_STATE_REVISION_MISMATCH",
         ),
     ),
-    "StateNotFound": ("StateError", LookupError, ("RUNTIME_STATE_NOT_FOUND",)),
+    "StateNotFoundError": ("StateError", LookupError, ("RUNTIME_STATE_NOT_FOUND",)),
     "StateExportError": (
         "StateError",
         ValueError,
         ("RUNTIME_STATE_EXPORT_INVALID", "RUNTIME_STATE_EXPORT_TOO_LARGE"),
     ),
-    "StateTransferFailed": (
+    "StateTransferFailedError": (
         "StateError",
         RuntimeError,
         (
@@ -66,19 +66,19 @@ TREE = {
             "RUNTIME_STATE_DIGEST_MISMATCH",
         ),
     ),
-    "Unauthorized": ("ControlError", None, ("RUNTIME_UNAUTHORIZED",)),
-    "BodyTooLarge": ("ControlError", ValueError, ("RUNTIME_BODY_TOO_LARGE",)),
-    "ContentTypeInvalid": ("ControlError", ValueError, ("RUNTIME_CONTENT_TYPE",)),
-    "ControlPathNotFound": ("ControlError", LookupError, ("RUNTIME_NOT_FOUND",)),
-    "ControlUnreachable": ("ControlError", ConnectionError, ("RUNTIME_UNREACHABLE",)),
-    "ScheduleInvalid": ("ScheduleError", ValueError, ("SCHEDULE_INVALID",)),
-    "ScheduleNotFound": ("ScheduleError", LookupError, ("SCHEDULE_NOT_FOUND",)),
-    "ScheduleIntakePaused": ("ScheduleError", RuntimeError, ("SCHEDULE_INTAKE_PAUSED",)),
-    "IdempotencyConflict": ("JobError", ValueError, ("JOB_IDEMPOTENCY_CONFLICT",)),
-    "JobInvalid": ("JobError", ValueError, ("JOB_INVALID",)),
+    "UnauthorizedError": ("ControlError", None, ("RUNTIME_UNAUTHORIZED",)),
+    "BodyTooLargeError": ("ControlError", ValueError, ("RUNTIME_BODY_TOO_LARGE",)),
+    "ContentTypeInvalidError": ("ControlError", ValueError, ("RUNTIME_CONTENT_TYPE",)),
+    "ControlPathNotFoundError": ("ControlError", LookupError, ("RUNTIME_NOT_FOUND",)),
+    "ControlUnreachableError": ("ControlError", ConnectionError, ("RUNTIME_UNREACHABLE",)),
+    "ScheduleInvalidError": ("ScheduleError", ValueError, ("SCHEDULE_INVALID",)),
+    "ScheduleNotFoundError": ("ScheduleError", LookupError, ("SCHEDULE_NOT_FOUND",)),
+    "ScheduleIntakePausedError": ("ScheduleError", RuntimeError, ("SCHEDULE_INTAKE_PAUSED",)),
+    "IdempotencyConflictError": ("JobError", ValueError, ("JOB_IDEMPOTENCY_CONFLICT",)),
+    "JobInvalidError": ("JobError", ValueError, ("JOB_INVALID",)),
     "JobStateError": ("JobError", RuntimeError, ("JOB_STATE_INVALID",)),
     "LeaseLostError": ("JobError", RuntimeError, ("JOB_LEASE_LOST",)),
-    "JobHandlerUnknown": ("JobError", LookupError, ("JOB_HANDLER_UNKNOWN",)),
+    "JobHandlerUnknownError": ("JobError", LookupError, ("JOB_HANDLER_UNKNOWN",)),
     "JobStoreError": ("JobError", RuntimeError, ("JOB_STORE_UNAVAILABLE", "JOB_STORE_SCHEMA")),
 }
 
@@ -102,12 +102,12 @@ def test_each_error_has_its_place_and_codes(name: str) -> None:
 def test_an_error_refuses_a_code_of_another_family() -> None:
     """A code belongs to one class: constructing with a foreign code is a programming error."""
     with pytest.raises(TypeError):
-        errors.DrainNotFound("RUNTIME_STATE_NOT_FOUND")
+        errors.DrainNotFoundError("RUNTIME_STATE_NOT_FOUND")
 
 
 def test_http_status_codes_travel_by_prefix() -> None:
-    """RUNTIME_STATE_SOURCE_HTTP_<status> is one family of codes carried by StateTransferFailed."""
-    assert errors.StateTransferFailed("RUNTIME_STATE_SOURCE_HTTP_302").code.endswith("302")
+    """RUNTIME_STATE_SOURCE_HTTP_<status> is one family of codes carried by StateTransferFailedError."""
+    assert errors.StateTransferFailedError("RUNTIME_STATE_SOURCE_HTTP_302").code.endswith("302")
 
 
 @pytest.mark.parametrize("name", sorted(TREE))
@@ -138,7 +138,7 @@ def test_queue_errors_carry_codes_and_helpful_text() -> None:
 def test_every_public_error_is_in_the_tree_test() -> None:
     """A new error class must be added here (and to the docstring's tree) on purpose."""
     families = {"LifecycleError", "DrainError", "StateError", "ControlError", "QueueError"}
-    families |= {"ScheduleError", "JobError", "RemoteError", "MethodNotAllowed"}
+    families |= {"ScheduleError", "JobError", "RemoteError", "MethodNotAllowedError"}
     queue = {"QueueStoppedError", "QueueIntakePausedError", "QueueKeyStoppedError"}
     queue |= {"TaskCancelledError"}
     classes = {name for name in errors.__all__ if name[0].isupper()}

@@ -29,45 +29,45 @@ if TYPE_CHECKING:
     from ._canonical import state_digest as state_digest
     from ._clock import Clock as Clock
     from ._clock import SystemClock as SystemClock
-    from ._errors import BodyTooLarge as BodyTooLarge
+    from ._errors import BodyTooLargeError as BodyTooLargeError
     from ._errors import ConfigurationError as ConfigurationError
-    from ._errors import ConnectionClosedByDrain as ConnectionClosedByDrain
-    from ._errors import ContentTypeInvalid as ContentTypeInvalid
+    from ._errors import ConnectionClosedByDrainError as ConnectionClosedByDrainError
+    from ._errors import ContentTypeInvalidError as ContentTypeInvalidError
     from ._errors import ControlError as ControlError
-    from ._errors import ControlPathNotFound as ControlPathNotFound
-    from ._errors import ControlUnreachable as ControlUnreachable
-    from ._errors import DrainConflict as DrainConflict
-    from ._errors import DrainCountersInvalid as DrainCountersInvalid
+    from ._errors import ControlPathNotFoundError as ControlPathNotFoundError
+    from ._errors import ControlUnreachableError as ControlUnreachableError
+    from ._errors import DrainConflictError as DrainConflictError
+    from ._errors import DrainCountersInvalidError as DrainCountersInvalidError
     from ._errors import DrainError as DrainError
-    from ._errors import DrainFailed as DrainFailed
-    from ._errors import DrainNotFound as DrainNotFound
-    from ._errors import DrainRequestInvalid as DrainRequestInvalid
-    from ._errors import IdempotencyConflict as IdempotencyConflict
+    from ._errors import DrainFailedError as DrainFailedError
+    from ._errors import DrainNotFoundError as DrainNotFoundError
+    from ._errors import DrainRequestInvalidError as DrainRequestInvalidError
+    from ._errors import IdempotencyConflictError as IdempotencyConflictError
     from ._errors import JobError as JobError
-    from ._errors import JobHandlerUnknown as JobHandlerUnknown
-    from ._errors import JobInvalid as JobInvalid
+    from ._errors import JobHandlerUnknownError as JobHandlerUnknownError
+    from ._errors import JobInvalidError as JobInvalidError
     from ._errors import JobStateError as JobStateError
     from ._errors import JobStoreError as JobStoreError
     from ._errors import LeaseLostError as LeaseLostError
     from ._errors import LifecycleError as LifecycleError
-    from ._errors import MethodNotAllowed as MethodNotAllowed
+    from ._errors import MethodNotAllowedError as MethodNotAllowedError
     from ._errors import QueueError as QueueError
     from ._errors import QueueIntakePausedError as QueueIntakePausedError
     from ._errors import QueueKeyStoppedError as QueueKeyStoppedError
     from ._errors import QueueStoppedError as QueueStoppedError
     from ._errors import RemoteError as RemoteError
     from ._errors import ScheduleError as ScheduleError
-    from ._errors import ScheduleIntakePaused as ScheduleIntakePaused
-    from ._errors import ScheduleInvalid as ScheduleInvalid
-    from ._errors import ScheduleNotFound as ScheduleNotFound
-    from ._errors import StateConflict as StateConflict
+    from ._errors import ScheduleIntakePausedError as ScheduleIntakePausedError
+    from ._errors import ScheduleInvalidError as ScheduleInvalidError
+    from ._errors import ScheduleNotFoundError as ScheduleNotFoundError
+    from ._errors import StateConflictError as StateConflictError
     from ._errors import StateError as StateError
     from ._errors import StateExportError as StateExportError
-    from ._errors import StateInputInvalid as StateInputInvalid
-    from ._errors import StateNotFound as StateNotFound
-    from ._errors import StateTransferFailed as StateTransferFailed
+    from ._errors import StateInputInvalidError as StateInputInvalidError
+    from ._errors import StateNotFoundError as StateNotFoundError
+    from ._errors import StateTransferFailedError as StateTransferFailedError
     from ._errors import TaskCancelledError as TaskCancelledError
-    from ._errors import Unauthorized as Unauthorized
+    from ._errors import UnauthorizedError as UnauthorizedError
     from ._version import __version__ as __version__
     from .asgi.control import ControlApp as ControlApp
     from .asgi.middleware import InFlightMiddleware as InFlightMiddleware

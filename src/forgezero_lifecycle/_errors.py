@@ -3,51 +3,58 @@
 The codes are the JavaScript `@forgezero/runtime` lifecycle module's wire strings (``RUNTIME_*``)
 plus the library's own (``QUEUE_*``, ``JOB_*``, ``SCHEDULE_*``). Bad input subclasses
 :class:`ValueError`, a call in the wrong state subclasses :class:`RuntimeError`, an unknown name
-subclasses :class:`LookupError`::
+subclasses :class:`LookupError`. Every class name ends in ``Error`` (PEP 8; ruff's N818
+checks it) and says in words what its code says (``DrainNotFoundError``,
+``RUNTIME_DRAIN_NOT_FOUND``)::
 
-    LifecycleError                      .code, .detail
-    ├── ConfigurationError (ValueError)       RUNTIME_CONFIG_INVALID
+    LifecycleError                                      .code, .detail
+    ├── ConfigurationError (ValueError)                 RUNTIME_CONFIG_INVALID
     ├── DrainError
-    │   ├── DrainRequestInvalid (ValueError)      RUNTIME_DRAIN_REQUEST_INVALID
-    │   ├── DrainConflict (RuntimeError)          RUNTIME_DRAIN_ALREADY_STARTED | _REVISION_MISMATCH
-    │   ├── DrainNotFound (LookupError)           RUNTIME_DRAIN_NOT_FOUND
-    │   ├── DrainCountersInvalid (ValueError)     RUNTIME_DRAIN_COUNTERS_INVALID
-    │   ├── DrainFailed (RuntimeError)            RUNTIME_DRAIN_TIMEOUT | _NOT_IDLE | _FAILED
-    │   └── ConnectionClosedByDrain (OSError)     RUNTIME_DRAIN_CONNECTION_CLOSED | _ABANDONED
+    │   ├── DrainRequestInvalidError (ValueError)       RUNTIME_DRAIN_REQUEST_INVALID
+    │   ├── DrainConflictError (RuntimeError)           RUNTIME_DRAIN_ALREADY_STARTED
+    │   │                                               | _REVISION_MISMATCH
+    │   ├── DrainNotFoundError (LookupError)            RUNTIME_DRAIN_NOT_FOUND
+    │   ├── DrainCountersInvalidError (ValueError)      RUNTIME_DRAIN_COUNTERS_INVALID
+    │   ├── DrainFailedError (RuntimeError)             RUNTIME_DRAIN_TIMEOUT | _NOT_IDLE | _FAILED
+    │   └── ConnectionClosedByDrainError (OSError)      RUNTIME_DRAIN_CONNECTION_CLOSED | _ABANDONED
     ├── StateError
-    │   ├── StateInputInvalid (ValueError)        RUNTIME_STATE_REQUEST_INVALID | _SOURCE_INVALID
-    │   │                                         | _REVISION_INVALID | _VALUE_INVALID | _ADAPTER_INVALID
-    │   ├── StateConflict (RuntimeError)          RUNTIME_STATE_ALREADY_STARTED | _NOT_DRAINING
-    │   │                                         | _REVISION_MISMATCH
-    │   ├── StateNotFound (LookupError)           RUNTIME_STATE_NOT_FOUND
-    │   ├── StateExportError (ValueError)         RUNTIME_STATE_EXPORT_INVALID | _EXPORT_TOO_LARGE
-    │   └── StateTransferFailed (RuntimeError)    RUNTIME_STATE_SOURCE_HTTP_<status> | _SOURCE_TOO_LARGE
-    │                                             | _SOURCE_UNREACHABLE | _TIMEOUT | _ENVELOPE_INVALID
-    │                                             | _ENVELOPE_TOO_LARGE | _DIGEST_MISMATCH | _FAILED
-    ├── ControlError                    (control-plane HTTP errors, mapped to 4xx by the control app)
-    │   ├── Unauthorized                          RUNTIME_UNAUTHORIZED
-    │   ├── BodyTooLarge (ValueError)             RUNTIME_BODY_TOO_LARGE
-    │   ├── ContentTypeInvalid (ValueError)       RUNTIME_CONTENT_TYPE
-    │   ├── ControlPathNotFound (LookupError)     RUNTIME_NOT_FOUND
-    │   ├── MethodNotAllowed                      RUNTIME_METHOD_NOT_ALLOWED (.allow)
-    │   ├── ControlUnreachable (ConnectionError)  RUNTIME_UNREACHABLE (client side only)
-    │   └── RemoteError                           any code this client does not know
+    │   ├── StateInputInvalidError (ValueError)         RUNTIME_STATE_REQUEST_INVALID
+    │   │                                               | _SOURCE_INVALID | _REVISION_INVALID
+    │   │                                               | _VALUE_INVALID | _ADAPTER_INVALID
+    │   ├── StateConflictError (RuntimeError)           RUNTIME_STATE_ALREADY_STARTED
+    │   │                                               | _NOT_DRAINING | _REVISION_MISMATCH
+    │   ├── StateNotFoundError (LookupError)            RUNTIME_STATE_NOT_FOUND
+    │   ├── StateExportError (ValueError)               RUNTIME_STATE_EXPORT_INVALID
+    │   │                                               | _EXPORT_TOO_LARGE
+    │   └── StateTransferFailedError (RuntimeError)     RUNTIME_STATE_SOURCE_HTTP_<status>
+    │                                                   | _SOURCE_TOO_LARGE | _SOURCE_UNREACHABLE
+    │                                                   | _TIMEOUT | _ENVELOPE_INVALID
+    │                                                   | _ENVELOPE_TOO_LARGE | _DIGEST_MISMATCH
+    │                                                   | _FAILED
+    ├── ControlError    (control-plane HTTP errors, mapped to 4xx by the control app)
+    │   ├── UnauthorizedError                           RUNTIME_UNAUTHORIZED
+    │   ├── BodyTooLargeError (ValueError)              RUNTIME_BODY_TOO_LARGE
+    │   ├── ContentTypeInvalidError (ValueError)        RUNTIME_CONTENT_TYPE
+    │   ├── ControlPathNotFoundError (LookupError)      RUNTIME_NOT_FOUND
+    │   ├── MethodNotAllowedError                       RUNTIME_METHOD_NOT_ALLOWED (.allow)
+    │   ├── ControlUnreachableError (ConnectionError)   RUNTIME_UNREACHABLE (client side only)
+    │   └── RemoteError                                 any code this client does not know
     ├── QueueError (RuntimeError)
-    │   ├── QueueStoppedError                     QUEUE_STOPPED
-    │   ├── QueueIntakePausedError                QUEUE_INTAKE_PAUSED
-    │   ├── QueueKeyStoppedError                  QUEUE_KEY_STOPPED   (.key)
-    │   └── TaskCancelledError                    QUEUE_TASK_CANCELLED
+    │   ├── QueueStoppedError                           QUEUE_STOPPED
+    │   ├── QueueIntakePausedError                      QUEUE_INTAKE_PAUSED
+    │   ├── QueueKeyStoppedError                        QUEUE_KEY_STOPPED (.key)
+    │   └── TaskCancelledError                          QUEUE_TASK_CANCELLED
     ├── ScheduleError
-    │   ├── ScheduleInvalid (ValueError)          SCHEDULE_INVALID
-    │   ├── ScheduleNotFound (LookupError)        SCHEDULE_NOT_FOUND
-    │   └── ScheduleIntakePaused (RuntimeError)   SCHEDULE_INTAKE_PAUSED
+    │   ├── ScheduleInvalidError (ValueError)           SCHEDULE_INVALID
+    │   ├── ScheduleNotFoundError (LookupError)         SCHEDULE_NOT_FOUND
+    │   └── ScheduleIntakePausedError (RuntimeError)    SCHEDULE_INTAKE_PAUSED
     └── JobError
-        ├── JobInvalid (ValueError)               JOB_INVALID (bad enqueue arguments)
-        ├── JobStateError (RuntimeError)          JOB_STATE_INVALID (a call out of order)
-        ├── IdempotencyConflict (ValueError)      JOB_IDEMPOTENCY_CONFLICT
-        ├── LeaseLostError (RuntimeError)         JOB_LEASE_LOST
-        ├── JobHandlerUnknown (LookupError)       JOB_HANDLER_UNKNOWN
-        └── JobStoreError (RuntimeError)          JOB_STORE_UNAVAILABLE | JOB_STORE_SCHEMA
+        ├── JobInvalidError (ValueError)                JOB_INVALID (bad enqueue arguments)
+        ├── JobStateError (RuntimeError)                JOB_STATE_INVALID (a call out of order)
+        ├── IdempotencyConflictError (ValueError)       JOB_IDEMPOTENCY_CONFLICT
+        ├── LeaseLostError (RuntimeError)               JOB_LEASE_LOST
+        ├── JobHandlerUnknownError (LookupError)        JOB_HANDLER_UNKNOWN
+        └── JobStoreError (RuntimeError)                JOB_STORE_UNAVAILABLE | JOB_STORE_SCHEMA
 
 Messages never contain a token or a handoff value.
 """
@@ -57,45 +64,45 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
-    "BodyTooLarge",
+    "BodyTooLargeError",
     "ConfigurationError",
-    "ConnectionClosedByDrain",
-    "ContentTypeInvalid",
+    "ConnectionClosedByDrainError",
+    "ContentTypeInvalidError",
     "ControlError",
-    "ControlPathNotFound",
-    "ControlUnreachable",
-    "DrainConflict",
-    "DrainCountersInvalid",
+    "ControlPathNotFoundError",
+    "ControlUnreachableError",
+    "DrainConflictError",
+    "DrainCountersInvalidError",
     "DrainError",
-    "DrainFailed",
-    "DrainNotFound",
-    "DrainRequestInvalid",
-    "IdempotencyConflict",
+    "DrainFailedError",
+    "DrainNotFoundError",
+    "DrainRequestInvalidError",
+    "IdempotencyConflictError",
     "JobError",
-    "JobHandlerUnknown",
-    "JobInvalid",
+    "JobHandlerUnknownError",
+    "JobInvalidError",
     "JobStateError",
     "JobStoreError",
     "LeaseLostError",
     "LifecycleError",
-    "MethodNotAllowed",
+    "MethodNotAllowedError",
     "QueueError",
     "QueueIntakePausedError",
     "QueueKeyStoppedError",
     "QueueStoppedError",
     "RemoteError",
     "ScheduleError",
-    "ScheduleIntakePaused",
-    "ScheduleInvalid",
-    "ScheduleNotFound",
-    "StateConflict",
+    "ScheduleIntakePausedError",
+    "ScheduleInvalidError",
+    "ScheduleNotFoundError",
+    "StateConflictError",
     "StateError",
     "StateExportError",
-    "StateInputInvalid",
-    "StateNotFound",
-    "StateTransferFailed",
+    "StateInputInvalidError",
+    "StateNotFoundError",
+    "StateTransferFailedError",
     "TaskCancelledError",
-    "Unauthorized",
+    "UnauthorizedError",
     "error_for_code",
 ]
 
@@ -132,27 +139,27 @@ class DrainError(LifecycleError):
     """Errors of the drain protocol."""
 
 
-class DrainRequestInvalid(DrainError, ValueError):
+class DrainRequestInvalidError(DrainError, ValueError):
     codes = ("RUNTIME_DRAIN_REQUEST_INVALID",)
 
 
-class DrainConflict(DrainError, RuntimeError):
+class DrainConflictError(DrainError, RuntimeError):
     codes = ("RUNTIME_DRAIN_ALREADY_STARTED", "RUNTIME_DRAIN_REVISION_MISMATCH")
 
 
-class DrainNotFound(DrainError, LookupError):
+class DrainNotFoundError(DrainError, LookupError):
     codes = ("RUNTIME_DRAIN_NOT_FOUND",)
 
 
-class DrainCountersInvalid(DrainError, ValueError):
+class DrainCountersInvalidError(DrainError, ValueError):
     codes = ("RUNTIME_DRAIN_COUNTERS_INVALID",)
 
 
-class DrainFailed(DrainError, RuntimeError):
+class DrainFailedError(DrainError, RuntimeError):
     codes = ("RUNTIME_DRAIN_FAILED", "RUNTIME_DRAIN_TIMEOUT", "RUNTIME_DRAIN_NOT_IDLE")
 
 
-class ConnectionClosedByDrain(DrainError, OSError):
+class ConnectionClosedByDrainError(DrainError, OSError):
     """An app's ``send`` on a connection the drain has ended (raised by the in-flight middleware).
 
     The ASGI spec's rule for a send on a closed connection: an :class:`OSError` subclass, which
@@ -170,7 +177,7 @@ class StateError(LifecycleError):
     """Errors of the typed state handoff."""
 
 
-class StateInputInvalid(StateError, ValueError):
+class StateInputInvalidError(StateError, ValueError):
     codes = (
         "RUNTIME_STATE_REQUEST_INVALID",
         "RUNTIME_STATE_SOURCE_INVALID",
@@ -180,7 +187,7 @@ class StateInputInvalid(StateError, ValueError):
     )
 
 
-class StateConflict(StateError, RuntimeError):
+class StateConflictError(StateError, RuntimeError):
     codes = (
         "RUNTIME_STATE_ALREADY_STARTED",
         "RUNTIME_STATE_NOT_DRAINING",
@@ -188,7 +195,7 @@ class StateConflict(StateError, RuntimeError):
     )
 
 
-class StateNotFound(StateError, LookupError):
+class StateNotFoundError(StateError, LookupError):
     codes = ("RUNTIME_STATE_NOT_FOUND",)
 
 
@@ -196,7 +203,7 @@ class StateExportError(StateError, ValueError):
     codes = ("RUNTIME_STATE_EXPORT_INVALID", "RUNTIME_STATE_EXPORT_TOO_LARGE")
 
 
-class StateTransferFailed(StateError, RuntimeError):
+class StateTransferFailedError(StateError, RuntimeError):
     codes = (
         "RUNTIME_STATE_FAILED",
         "RUNTIME_STATE_SOURCE_TOO_LARGE",
@@ -213,23 +220,23 @@ class ControlError(LifecycleError):
     """Errors of the control plane's HTTP surface."""
 
 
-class Unauthorized(ControlError):
+class UnauthorizedError(ControlError):
     codes = ("RUNTIME_UNAUTHORIZED",)
 
 
-class BodyTooLarge(ControlError, ValueError):
+class BodyTooLargeError(ControlError, ValueError):
     codes = ("RUNTIME_BODY_TOO_LARGE",)
 
 
-class ContentTypeInvalid(ControlError, ValueError):
+class ContentTypeInvalidError(ControlError, ValueError):
     codes = ("RUNTIME_CONTENT_TYPE",)
 
 
-class ControlPathNotFound(ControlError, LookupError):
+class ControlPathNotFoundError(ControlError, LookupError):
     codes = ("RUNTIME_NOT_FOUND",)
 
 
-class MethodNotAllowed(ControlError):
+class MethodNotAllowedError(ControlError):
     codes = ("RUNTIME_METHOD_NOT_ALLOWED",)
 
     def __init__(self, allow: str) -> None:
@@ -237,7 +244,7 @@ class MethodNotAllowed(ControlError):
         super().__init__(detail=f"use {allow}")
 
 
-class ControlUnreachable(ControlError, ConnectionError):
+class ControlUnreachableError(ControlError, ConnectionError):
     codes = ("RUNTIME_UNREACHABLE",)
 
 
@@ -287,15 +294,15 @@ class ScheduleError(LifecycleError):
     """Errors of the scheduler."""
 
 
-class ScheduleInvalid(ScheduleError, ValueError):
+class ScheduleInvalidError(ScheduleError, ValueError):
     codes = ("SCHEDULE_INVALID",)
 
 
-class ScheduleNotFound(ScheduleError, LookupError):
+class ScheduleNotFoundError(ScheduleError, LookupError):
     codes = ("SCHEDULE_NOT_FOUND",)
 
 
-class ScheduleIntakePaused(ScheduleError, RuntimeError):
+class ScheduleIntakePausedError(ScheduleError, RuntimeError):
     codes = ("SCHEDULE_INTAKE_PAUSED",)
 
 
@@ -303,7 +310,7 @@ class JobError(LifecycleError):
     """Errors of durable fenced jobs."""
 
 
-class IdempotencyConflict(JobError, ValueError):
+class IdempotencyConflictError(JobError, ValueError):
     codes = ("JOB_IDEMPOTENCY_CONFLICT",)
 
 
@@ -311,7 +318,7 @@ class LeaseLostError(JobError, RuntimeError):
     codes = ("JOB_LEASE_LOST",)
 
 
-class JobInvalid(JobError, ValueError):
+class JobInvalidError(JobError, ValueError):
     codes = ("JOB_INVALID",)
 
 
@@ -319,7 +326,7 @@ class JobStateError(JobError, RuntimeError):
     codes = ("JOB_STATE_INVALID",)
 
 
-class JobHandlerUnknown(JobError, LookupError):
+class JobHandlerUnknownError(JobError, LookupError):
     codes = ("JOB_HANDLER_UNKNOWN",)
 
 

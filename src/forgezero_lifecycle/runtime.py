@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 from starlette.applications import Starlette
 
 from ._clock import Clock, SystemClock, first
-from ._errors import ConfigurationError, DrainFailed
+from ._errors import ConfigurationError, DrainFailedError
 from ._events import emit
 from ._tokens import check_token_pair
 from .asgi._types import ASGIApp, Scope
@@ -321,7 +321,7 @@ class Runtime:
 
     async def _wait_for_requests(self) -> None:
         if self._siblings:
-            raise DrainFailed("RUNTIME_DRAIN_FAILED", detail="a drain of part of a server")
+            raise DrainFailedError("RUNTIME_DRAIN_FAILED", detail="a drain of part of a server")
         await self._closed.wait()
         notice_after = min(self._stream_grace, self._remaining() / 2)
         if not (await first(self.gate.wait_idle(), self._clock.sleep(notice_after))).cancelled():

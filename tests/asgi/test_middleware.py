@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from forgezero_lifecycle import ConnectionClosedByDrain
+from forgezero_lifecycle import ConnectionClosedByDrainError
 from forgezero_lifecycle.asgi.middleware import InFlightMiddleware
 from forgezero_lifecycle.core.gate import IntakeGate
 from forgezero_lifecycle.testing import ASGIRecorder, settle
@@ -207,7 +207,7 @@ async def test_websocket_is_closed_with_1012_at_the_notice_and_later_sends_raise
         {"type": "websocket.close", "code": 1012, "reason": "draining"},
     ]
     (error,) = raised
-    assert isinstance(error, ConnectionClosedByDrain)
+    assert isinstance(error, ConnectionClosedByDrainError)
     assert error.code == "RUNTIME_DRAIN_CONNECTION_CLOSED"
     assert gate.counters()["websocket"] == 0
 
@@ -351,7 +351,7 @@ async def test_last_chunk_blocked_by_a_client_that_never_reads_is_given_up_at_th
 
 async def test_app_send_blocked_during_a_drain_raises_an_oserror_at_the_cutoff() -> None:
     """An app send made while draining and still blocked at the cutoff raises
-    ConnectionClosedByDrain (an OSError); later sends raise at once without reaching the server."""
+    ConnectionClosedByDrainError (an OSError); later sends raise at once without reaching the server."""
     gate = IntakeGate()
     raised: list[BaseException] = []
     recorder = ASGIRecorder({"type": "http.request", "body": b""})
@@ -376,7 +376,7 @@ async def test_app_send_blocked_during_a_drain_raises_an_oserror_at_the_cutoff()
     gate.cut_off()
     await settle()
     await call
-    assert [type(e) for e in raised] == [ConnectionClosedByDrain, ConnectionClosedByDrain]
+    assert [type(e) for e in raised] == [ConnectionClosedByDrainError, ConnectionClosedByDrainError]
     assert raised[0].code == "RUNTIME_DRAIN_CONNECTION_ABANDONED"
     assert client.blocked == 1
     assert gate.counters()["http"] == 0
@@ -428,7 +428,7 @@ async def test_push_only_websocket_blocked_by_a_client_that_never_reads_is_aband
 
 
 async def test_an_app_error_unrelated_to_the_drain_still_propagates() -> None:
-    """Only what the drain's own ConnectionClosedByDrain caused is kept from the server."""
+    """Only what the drain's own ConnectionClosedByDrainError caused is kept from the server."""
     gate = IntakeGate()
 
     async def app(scope: Message, receive: Any, send: Any) -> None:

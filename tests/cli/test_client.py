@@ -12,11 +12,11 @@ import pytest
 
 from forgezero_lifecycle._errors import (
     ConfigurationError,
-    ControlUnreachable,
-    DrainConflict,
-    DrainNotFound,
+    ControlUnreachableError,
+    DrainConflictError,
+    DrainNotFoundError,
     RemoteError,
-    Unauthorized,
+    UnauthorizedError,
 )
 from forgezero_lifecycle.client import (
     ControlClient,
@@ -93,9 +93,9 @@ async def test_begin_drain_sends_the_wire_request_with_the_token() -> None:
 @pytest.mark.parametrize(
     ("status", "code", "error_type"),
     [
-        (409, "RUNTIME_DRAIN_ALREADY_STARTED", DrainConflict),
-        (404, "RUNTIME_DRAIN_NOT_FOUND", DrainNotFound),
-        (401, "RUNTIME_UNAUTHORIZED", Unauthorized),
+        (409, "RUNTIME_DRAIN_ALREADY_STARTED", DrainConflictError),
+        (404, "RUNTIME_DRAIN_NOT_FOUND", DrainNotFoundError),
+        (401, "RUNTIME_UNAUTHORIZED", UnauthorizedError),
         (400, "RUNTIME_SOMETHING_NEWER", RemoteError),
     ],
 )
@@ -121,7 +121,7 @@ async def test_error_bodies_become_typed_errors(
 async def test_connection_failures_are_retried_then_unreachable(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Transport errors are retried `retries` times, then ControlUnreachable; no token logged."""
+    """Transport errors are retried `retries` times, then ControlUnreachableError; no token logged."""
     calls = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -130,7 +130,7 @@ async def test_connection_failures_are_retried_then_unreachable(
 
     caplog.set_level(logging.DEBUG)
     async with _client(handler, retries=2) as client:
-        with pytest.raises(ControlUnreachable) as raised:
+        with pytest.raises(ControlUnreachableError) as raised:
             await client.rollback(new_nonce())
     assert len(calls) == 3
     assert raised.value.code == "RUNTIME_UNREACHABLE"
@@ -229,7 +229,7 @@ async def test_reload_answers_its_handover_and_wait_handover_polls_that_one() ->
 
 @pytest.mark.anyio
 async def test_current_drain_asks_without_a_nonce_and_maps_404() -> None:
-    """current_drain() GETs drain/v1/current with the control token; 404 is DrainNotFound."""
+    """current_drain() GETs drain/v1/current with the control token; 404 is DrainNotFoundError."""
     nonce = new_nonce()
     seen: list[httpx.Request] = []
 
@@ -241,7 +241,7 @@ async def test_current_drain_asks_without_a_nonce_and_maps_404() -> None:
 
     async with _client(handler) as client:
         assert (await client.current_drain()).nonce == nonce
-        with pytest.raises(DrainNotFound):
+        with pytest.raises(DrainNotFoundError):
             await client.current_drain()
     assert seen[0].url.path == "/.forgezero/runtime/drain/v1/current"
     assert not seen[0].url.query

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from forgezero_lifecycle._canonical import canonical_json, state_digest
-from forgezero_lifecycle._errors import StateInputInvalid
+from forgezero_lifecycle._errors import StateInputInvalidError
 
 from ._vectors import counts, expected, vectors
 
@@ -33,7 +33,7 @@ def test_canonical_vector(vector: dict[str, Any]) -> None:
     envelope = {**vector["input"]["envelope"], "value": value}
     if "throws" in want:
         for refused in (value, envelope):
-            with pytest.raises(StateInputInvalid) as caught:
+            with pytest.raises(StateInputInvalidError) as caught:
                 canonical_json(refused)
             assert caught.value.code == want["throws"]["code"] == "RUNTIME_STATE_VALUE_INVALID"
         return

@@ -7,7 +7,11 @@ from typing import Any
 
 import pytest
 
-from forgezero_lifecycle._errors import DrainConflict, DrainNotFound, DrainRequestInvalid
+from forgezero_lifecycle._errors import (
+    DrainConflictError,
+    DrainNotFoundError,
+    DrainRequestInvalidError,
+)
 from forgezero_lifecycle.core.drain import DrainController
 from forgezero_lifecycle.testing import ManualClock, settle
 from forgezero_lifecycle.wire.drain import WorkCounters
@@ -109,7 +113,7 @@ async def test_a_rolled_back_nonce_cannot_begin_again(deps: Deps) -> None:
     controller = DrainController(deps)
     controller.begin(request())
     controller.rollback(NONCE)
-    with pytest.raises(DrainConflict) as caught:
+    with pytest.raises(DrainConflictError) as caught:
         controller.begin(request())
     assert caught.value.code == "RUNTIME_DRAIN_ALREADY_STARTED"
 
@@ -117,10 +121,10 @@ async def test_a_rolled_back_nonce_cannot_begin_again(deps: Deps) -> None:
 async def test_rollback_of_an_unknown_nonce_is_not_found(deps: Deps) -> None:
     """Rollback needs the running drain's nonce; anything else is not found and changes nothing."""
     controller = DrainController(deps)
-    with pytest.raises(DrainNotFound):
+    with pytest.raises(DrainNotFoundError):
         controller.rollback(NONCE)
     controller.begin(request())
-    with pytest.raises(DrainNotFound):
+    with pytest.raises(DrainNotFoundError):
         controller.rollback(OTHER)
     assert deps.calls == ["drain_requests"]
 
@@ -138,11 +142,11 @@ async def test_rollback_stops_a_running_drain_from_settling_later(deps: Deps) ->
 async def test_revision_mismatch_is_refused_before_anything_changes(deps: Deps) -> None:
     """A runtime that knows its revision refuses a drain aimed at another one (409)."""
     controller = DrainController(deps, revision="1" * 40)
-    with pytest.raises(DrainConflict) as caught:
+    with pytest.raises(DrainConflictError) as caught:
         controller.begin(request())
     assert caught.value.code == "RUNTIME_DRAIN_REVISION_MISMATCH"
     assert deps.calls == []
-    with pytest.raises(DrainNotFound):
+    with pytest.raises(DrainNotFoundError):
         controller.status(NONCE)
 
 
@@ -153,7 +157,7 @@ async def test_revision_mismatch_is_refused_before_anything_changes(deps: Deps) 
 async def test_invalid_requests_change_nothing(deps: Deps, body: object) -> None:
     """Anything but a valid request object is RUNTIME_DRAIN_REQUEST_INVALID and no drain starts."""
     controller = DrainController(deps)
-    with pytest.raises(DrainRequestInvalid):
+    with pytest.raises(DrainRequestInvalidError):
         controller.begin(body)
     assert deps.calls == []
     assert not controller.active
@@ -162,7 +166,7 @@ async def test_invalid_requests_change_nothing(deps: Deps, body: object) -> None
 async def test_current_finds_the_running_drain_until_it_is_rolled_back(deps: Deps) -> None:
     """current() needs no nonce: it reports the running drain (drained too), none once serving."""
     controller = DrainController(deps)
-    with pytest.raises(DrainNotFound, match="serving"):
+    with pytest.raises(DrainNotFoundError, match="serving"):
         controller.current()
     controller.begin(request())
     assert (controller.current().nonce, controller.current().status) == (NONCE, "draining")
@@ -170,6 +174,6 @@ async def test_current_finds_the_running_drain_until_it_is_rolled_back(deps: Dep
     assert await controller.wait() == "drained"
     assert controller.current() == controller.status(NONCE)
     controller.rollback(NONCE)
-    with pytest.raises(DrainNotFound):
+    with pytest.raises(DrainNotFoundError):
         controller.current()
     assert controller.status(NONCE).status == "rolled-back"

@@ -17,7 +17,7 @@ import pytest
 from pydantic import BaseModel, Secret, SecretBytes, SecretStr, field_serializer
 
 from forgezero_lifecycle._canonical import canonical_json, state_digest
-from forgezero_lifecycle._errors import StateExportError, StateInputInvalid, StateNotFound
+from forgezero_lifecycle._errors import StateExportError, StateInputInvalidError, StateNotFoundError
 from forgezero_lifecycle.core._state_value import failure_text
 from forgezero_lifecycle.core.handoff import StateHandoffController
 from forgezero_lifecycle.testing import ManualClock, settle
@@ -162,7 +162,7 @@ class WithGenericSecret(BaseModel):
 @pytest.mark.parametrize("model", [Inner, WithInner, WithDataclass, WithGenericSecret])
 def test_adapter_with_a_secret_field_is_refused(model: type[BaseModel]) -> None:
     """A SecretStr/SecretBytes/Secret field at any depth refuses the adapter at construction."""
-    with pytest.raises(StateInputInvalid) as caught:
+    with pytest.raises(StateInputInvalidError) as caught:
         StateHandoffController(Adapter(model=model))
     assert caught.value.code == "RUNTIME_STATE_ADAPTER_INVALID"
     assert "secret" in str(caught.value)
@@ -174,7 +174,7 @@ def test_adapter_limits_are_checked_at_construction() -> None:
         Adapter(maximum_bytes=1_048_577),
         Adapter(model=dict),
     ):  # deliberately the wrong type: the test is about refusing it
-        with pytest.raises(StateInputInvalid, match="RUNTIME_STATE_ADAPTER_INVALID"):
+        with pytest.raises(StateInputInvalidError, match="RUNTIME_STATE_ADAPTER_INVALID"):
             StateHandoffController(adapter)
 
 
@@ -419,7 +419,7 @@ async def test_aclose_cancels_a_pending_fetch() -> None:
         await asyncio.wait_for(targets.asked.wait(), 10)
         await controller.aclose()
         assert controller.status(NONCE).failure == "RUNTIME_STATE_FAILED"
-    with pytest.raises(StateNotFound):
+    with pytest.raises(StateNotFoundError):
         controller.status(NONCE[::-1])
 
 
@@ -445,7 +445,7 @@ def test_an_adapter_with_an_impossible_size_limit_is_refused_with_its_code(
     maximum_bytes: object,
 ) -> None:
     """Any bad maximum_bytes, however large, is RUNTIME_STATE_ADAPTER_INVALID, never a crash."""
-    from forgezero_lifecycle._errors import StateInputInvalid
+    from forgezero_lifecycle._errors import StateInputInvalidError
     from forgezero_lifecycle.core.handoff import StateHandoffController
 
     class Value(BaseModel):
@@ -464,7 +464,7 @@ def test_an_adapter_with_an_impossible_size_limit_is_refused_with_its_code(
 
     adapter = Adapter()
     adapter.maximum_bytes = maximum_bytes
-    with pytest.raises(StateInputInvalid) as caught:
+    with pytest.raises(StateInputInvalidError) as caught:
         StateHandoffController(
             adapter
         )  # deliberately the wrong type: the test is about refusing it

@@ -9,7 +9,7 @@ import sys
 
 _SCRIPT = """
 import asyncio, sys
-from forgezero_lifecycle._errors import StateTransferFailed
+from forgezero_lifecycle._errors import StateTransferFailedError
 from forgezero_lifecycle.core import _fetch
 
 async def main() -> None:
@@ -19,7 +19,7 @@ async def main() -> None:
         await _fetch.fetch_document(
             "http://127.0.0.1:{port}/x", "Bearer " + "t" * 43, transport=transport, limit=100
         )
-    except StateTransferFailed as refused:
+    except StateTransferFailedError as refused:
         assert refused.code == "RUNTIME_STATE_SOURCE_UNREACHABLE", refused.code
     print(sorted(set(sys.modules) - before))
 

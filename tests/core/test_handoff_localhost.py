@@ -91,10 +91,10 @@ async def test_nothing_on_loopback_literals_is_unreachable_not_the_resolved_addr
     rogue: Recorder,
 ) -> None:
     """With no listener on 127.0.0.1 or [::1] the fetch fails; the token never leaves."""
-    from forgezero_lifecycle._errors import StateTransferFailed
+    from forgezero_lifecycle._errors import StateTransferFailedError
 
     url = f"http://localhost:{rogue.port}/export"
-    with pytest.raises(StateTransferFailed) as caught:
+    with pytest.raises(StateTransferFailedError) as caught:
         await fetch_document(url, AUTH, transport=loopback_transport(), limit=1000)
     assert caught.value.code == "RUNTIME_STATE_SOURCE_UNREACHABLE"
     assert rogue.seen == []

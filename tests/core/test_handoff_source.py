@@ -6,7 +6,7 @@ import gzip
 
 import pytest
 
-from forgezero_lifecycle._errors import StateInputInvalid, StateTransferFailed
+from forgezero_lifecycle._errors import StateInputInvalidError, StateTransferFailedError
 from forgezero_lifecycle.core._fetch import _Inflater, parse_document
 from forgezero_lifecycle.core._loopback import loopback_source
 
@@ -71,7 +71,7 @@ def test_loopback_urls_are_normalised_as_whatwg_does(raw: str, fetched: str) -> 
 @pytest.mark.parametrize("raw", REFUSED)
 def test_other_urls_are_source_invalid(raw: str) -> None:
     """Anything that does not serialise to http on a loopback name is SOURCE_INVALID."""
-    with pytest.raises(StateInputInvalid) as caught:
+    with pytest.raises(StateInputInvalidError) as caught:
         loopback_source(raw)
     assert caught.value.code == "RUNTIME_STATE_SOURCE_INVALID"
 
@@ -95,7 +95,7 @@ def test_other_urls_are_source_invalid(raw: str) -> None:
 )
 def test_bodies_that_are_not_strict_json_objects_are_envelope_invalid(body: bytes) -> None:
     """D6: strict UTF-8 and strict JSON with an object at the top level."""
-    with pytest.raises(StateTransferFailed) as caught:
+    with pytest.raises(StateTransferFailedError) as caught:
         parse_document(body)
     assert caught.value.code == "RUNTIME_STATE_ENVELOPE_INVALID"
 

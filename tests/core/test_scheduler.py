@@ -10,7 +10,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from forgezero_lifecycle._errors import ScheduleIntakePaused, ScheduleInvalid, ScheduleNotFound
+from forgezero_lifecycle._errors import (
+    ScheduleIntakePausedError,
+    ScheduleInvalidError,
+    ScheduleNotFoundError,
+)
 from forgezero_lifecycle.core.participant import WorkParticipant
 from forgezero_lifecycle.core.scheduler import Scheduler
 from forgezero_lifecycle.testing import ManualClock, settle
@@ -302,7 +306,7 @@ def test_a_bad_schedule_is_refused_with_schedule_invalid(
     name: str, schedule: dict[str, object]
 ) -> None:
     """Names must be non-empty and exactly one valid schedule must be given."""
-    with pytest.raises(ScheduleInvalid) as refused:
+    with pytest.raises(ScheduleInvalidError) as refused:
         Scheduler().add(
             name, Counter(), **schedule
         )  # deliberately the wrong type: the test is about refusing it
@@ -313,9 +317,9 @@ def test_a_duplicate_name_or_a_non_callable_is_refused() -> None:
     """Job names are unique, and the job must be callable."""
     scheduler = Scheduler()
     scheduler.add("j", Counter(), every=1)
-    with pytest.raises(ScheduleInvalid, match="already scheduled"):
+    with pytest.raises(ScheduleInvalidError, match="already scheduled"):
         scheduler.add("j", Counter(), every=1)
-    with pytest.raises(ScheduleInvalid, match="async callable"):
+    with pytest.raises(ScheduleInvalidError, match="async callable"):
         scheduler.add(
             "k", "not callable", every=1
         )  # deliberately the wrong type: the test is about refusing it
@@ -325,10 +329,10 @@ def test_a_duplicate_name_or_a_non_callable_is_refused() -> None:
 async def test_an_unknown_job_name_raises_schedule_not_found() -> None:
     """run_now and job_status name the missing job."""
     scheduler = Scheduler()
-    with pytest.raises(ScheduleNotFound, match="'nope'") as missing:
+    with pytest.raises(ScheduleNotFoundError, match="'nope'") as missing:
         await scheduler.run_now("nope")
     assert missing.value.code == "SCHEDULE_NOT_FOUND"
-    with pytest.raises(ScheduleNotFound):
+    with pytest.raises(ScheduleNotFoundError):
         scheduler.job_status("nope")
 
 
@@ -499,7 +503,7 @@ async def test_run_now_is_refused_while_a_drain_holds_intake_closed(
     scheduler.start()
     participant = scheduler.participant()
     participant.pause_intake()
-    with pytest.raises(ScheduleIntakePaused) as caught:
+    with pytest.raises(ScheduleIntakePausedError) as caught:
         await scheduler.run_now("report")
     assert caught.value.code == "SCHEDULE_INTAKE_PAUSED"
     assert job.runs == 0

@@ -7,7 +7,7 @@ from typing import Any
 import anyio
 import pytest
 
-from forgezero_lifecycle._errors import IdempotencyConflict, JobInvalid
+from forgezero_lifecycle._errors import IdempotencyConflictError, JobInvalidError
 from forgezero_lifecycle.jobs import JobStats
 
 from .conftest import StoreKit
@@ -35,12 +35,12 @@ async def test_same_key_and_payload_returns_the_existing_job(kit: StoreKit) -> N
 
 
 async def test_same_key_with_another_payload_or_queue_conflicts(kit: StoreKit) -> None:
-    """A reused key with a different payload or queue raises IdempotencyConflict."""
+    """A reused key with a different payload or queue raises IdempotencyConflictError."""
     await kit.store.enqueue("email", {"a": 1}, idempotency_key="k1")
-    with pytest.raises(IdempotencyConflict) as caught:
+    with pytest.raises(IdempotencyConflictError) as caught:
         await kit.store.enqueue("email", {"a": 2}, idempotency_key="k1")
     assert caught.value.code == "JOB_IDEMPOTENCY_CONFLICT"
-    with pytest.raises(IdempotencyConflict):
+    with pytest.raises(IdempotencyConflictError):
         await kit.store.enqueue("sms", {"a": 1}, idempotency_key="k1")
     assert (await kit.store.stats()).total == 1
 
@@ -54,7 +54,7 @@ async def test_enqueue_without_key_never_deduplicates(kit: StoreKit) -> None:
 
 
 async def test_enqueue_rejects_bad_arguments(kit: StoreKit) -> None:
-    """Bad input raises JobInvalid (JOB_INVALID, a ValueError) and writes nothing."""
+    """Bad input raises JobInvalidError (JOB_INVALID, a ValueError) and writes nothing."""
     bad_calls: list[tuple[str, Any, dict[str, Any]]] = [
         ("", {}, {}),
         ("q", {}, {"max_attempts": 0}),
@@ -64,7 +64,7 @@ async def test_enqueue_rejects_bad_arguments(kit: StoreKit) -> None:
         ("q", {"when": {1, 2}}, {}),
     ]
     for queue, payload, options in bad_calls:
-        with pytest.raises(JobInvalid) as caught:
+        with pytest.raises(JobInvalidError) as caught:
             await kit.store.enqueue(queue, payload, **options)
         assert caught.value.code == "JOB_INVALID"
         assert isinstance(caught.value, ValueError)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from forgezero_lifecycle._errors import IdempotencyConflict, JobInvalid
+from forgezero_lifecycle._errors import IdempotencyConflictError, JobInvalidError
 
 from .conftest import StoreKit
 
@@ -65,9 +65,9 @@ async def test_a_stored_key_repeated_in_a_batch_returns_the_stored_job_each_time
 async def test_a_conflict_anywhere_writes_nothing_of_the_batch(
     kit: StoreKit, payloads: list[dict[str, Any]], keys: list[str]
 ) -> None:
-    """A reused key with another payload raises IdempotencyConflict and no item is added."""
+    """A reused key with another payload raises IdempotencyConflictError and no item is added."""
     await kit.store.enqueue("q", {"a": 1}, idempotency_key="k1")
-    with pytest.raises(IdempotencyConflict) as caught:
+    with pytest.raises(IdempotencyConflictError) as caught:
         await kit.store.enqueue_many("q", payloads, idempotency_keys=keys)
     assert caught.value.code == "JOB_IDEMPOTENCY_CONFLICT"
     assert (await kit.store.stats()).total == 1
@@ -102,7 +102,7 @@ async def test_a_conflict_inside_the_callers_transaction_undoes_only_the_batch(
     await kit.store.enqueue("q", {"a": 1}, idempotency_key="k1")
     async with kit.store.transaction() as conn:
         await kit.mark(conn, "mine")
-        with pytest.raises(IdempotencyConflict):
+        with pytest.raises(IdempotencyConflictError):
             await kit.store.enqueue_many(
                 "q", [{"new": 1}, {"a": 2}], idempotency_keys=["fresh", "k1"], conn=conn
             )
@@ -111,7 +111,7 @@ async def test_a_conflict_inside_the_callers_transaction_undoes_only_the_batch(
 
 
 async def test_a_batch_is_checked_like_enqueue_before_anything_is_written(kit: StoreKit) -> None:
-    """Every item passes enqueue's checks, or JobInvalid is raised and nothing is added."""
+    """Every item passes enqueue's checks, or JobInvalidError is raised and nothing is added."""
     bad_calls: list[tuple[str, Any, dict[str, Any]]] = [
         ("", [{}], {}),
         ("", [], {}),
@@ -124,7 +124,7 @@ async def test_a_batch_is_checked_like_enqueue_before_anything_is_written(kit: S
         ("q", [{}], {"idempotency_keys": "k"}),
     ]
     for queue, payloads, options in bad_calls:
-        with pytest.raises(JobInvalid) as caught:
+        with pytest.raises(JobInvalidError) as caught:
             await kit.store.enqueue_many(queue, payloads, **options)
         assert caught.value.code == "JOB_INVALID"
     assert (await kit.store.stats()).total == 0

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from forgezero_lifecycle._errors import JobInvalid
+from forgezero_lifecycle._errors import JobInvalidError
 from forgezero_lifecycle.jobs._enqueue import (
     MAX_DELAY_SECONDS,
     MAX_IDEMPOTENCY_KEY_BYTES,
@@ -71,7 +71,7 @@ BAD_OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 async def assert_refused(kit: StoreKit, queue: str, payload: Any, **options: Any) -> str:
-    with pytest.raises(JobInvalid) as caught:
+    with pytest.raises(JobInvalidError) as caught:
         await kit.store.enqueue(queue, payload, **options)
     assert caught.value.code == "JOB_INVALID"
     assert caught.value.detail

@@ -27,7 +27,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from forgezero_lifecycle._errors import DrainConflict
+from forgezero_lifecycle._errors import DrainConflictError
 from forgezero_lifecycle.client import SyncControlClient, drain_request
 from forgezero_lifecycle.serve import parse_duration
 from tests.cli.conftest import BOUND, PROJECT_ROOT, free_port
@@ -247,7 +247,10 @@ def test_the_unedited_secret_is_refused_at_start_up(tmp_path: Path) -> None:
 def _refuses_another_revision(pod: Pod) -> None:
     token = pod.env["FORGEZERO_CONTROL_TOKEN"]
     wrong = drain_request(source_revision="f" * 40, target_revision="0" * 40, timeout_ms=1000)
-    with SyncControlClient(pod.url, token=token) as control, pytest.raises(DrainConflict) as error:
+    with (
+        SyncControlClient(pod.url, token=token) as control,
+        pytest.raises(DrainConflictError) as error,
+    ):
         control.begin_drain(wrong)
     assert error.value.code == "RUNTIME_DRAIN_REVISION_MISMATCH"
 

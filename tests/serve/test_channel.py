@@ -7,7 +7,12 @@ from typing import Any
 
 import pytest
 
-from forgezero_lifecycle.serve.channel import Channel, ChannelClosed, encode, read_frame_blocking
+from forgezero_lifecycle.serve.channel import (
+    Channel,
+    ChannelClosedError,
+    encode,
+    read_frame_blocking,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -44,7 +49,7 @@ async def test_end_of_file_fails_waiting_requests_and_sets_closed() -> None:
     one = await Channel.open(left, never)
     try:
         right.sendall(encode({"id": 1, "op": "x"}))
-        with pytest.raises(ChannelClosed):
+        with pytest.raises(ChannelClosedError):
             await one.request("ping", timeout=5)
         await one.closed.wait()
     finally:
@@ -57,5 +62,5 @@ def test_the_first_frame_can_be_read_without_a_loop() -> None:
         left.sendall(encode({"app": "m:app", "index": 2}))
         assert read_frame_blocking(right) == {"app": "m:app", "index": 2}
         left.close()
-        with pytest.raises(ChannelClosed):
+        with pytest.raises(ChannelClosedError):
             read_frame_blocking(right)

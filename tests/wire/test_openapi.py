@@ -9,7 +9,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from forgezero_lifecycle._errors import _BY_CODE, MethodNotAllowed, error_for_code
+from forgezero_lifecycle._errors import _BY_CODE, MethodNotAllowedError, error_for_code
 from forgezero_lifecycle.asgi.control import status_for
 from forgezero_lifecycle.runtime import Runtime
 from forgezero_lifecycle.wire import paths
@@ -41,7 +41,7 @@ def test_every_error_code_is_a_library_code_under_its_own_status() -> None:
                     continue
                 for code in _error_codes(response):
                     if code == "RUNTIME_METHOD_NOT_ALLOWED":  # built from the allowed methods
-                        assert status_for(MethodNotAllowed("GET")) == int(status)
+                        assert status_for(MethodNotAllowedError("GET")) == int(status)
                         continue
                     assert code in _BY_CODE, (path, method, code)
                     assert status_for(error_for_code(code)) == int(status), (path, code)

@@ -6,7 +6,7 @@ rounded to doubles, as the JavaScript does):
 
 * Accepted values are ``None``, ``bool``, ``int``, ``float``, ``str``, ``list``, ``tuple`` (an
   array) and ``dict`` with ``str`` keys, by exact type: subclasses (enums, ``OrderedDict``), NaN,
-  infinities, cycles and nesting deeper than :data:`MAX_DEPTH` raise :class:`StateInputInvalid`
+  infinities, cycles and nesting deeper than :data:`MAX_DEPTH` raise :class:`StateInputInvalidError`
   with code ``RUNTIME_STATE_VALUE_INVALID``.
 * No whitespace. Object keys are sorted by UTF-16 code units, as ``Array.prototype.sort`` does
   (this differs from code point order when a key holds a character above U+FFFF).
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 
-from .._errors import StateInputInvalid
+from .._errors import StateInputInvalidError
 from . import _exact, _fast
 from ._exact import MAX_DEPTH
 
@@ -38,14 +38,18 @@ __all__ = ["MAX_DEPTH", "canonical_json", "digest_of", "state_digest"]
 def canonical_json(value: object) -> bytes:
     """The canonical JSON of ``value`` as UTF-8 bytes (the JavaScript ``canonicalJson``).
 
-    Raises :class:`StateInputInvalid` (``RUNTIME_STATE_VALUE_INVALID``) for a value JSON cannot
+    Raises :class:`StateInputInvalidError` (``RUNTIME_STATE_VALUE_INVALID``) for a value JSON cannot
     hold: another type, NaN or an infinity, an int beyond the largest double, a cycle, or
     nesting deeper than :data:`MAX_DEPTH`.
     """
     if _fast.ENABLED:
         try:
             return _fast.encode(value, 0)
-        except (_fast.Refused, StateInputInvalid, RecursionError):  # the latter on a deep stack
+        except (
+            _fast.RefusedError,
+            StateInputInvalidError,
+            RecursionError,
+        ):  # the latter on a deep stack
             pass
     return _exact.encode(value, 0).encode()  # or refuses, naming the place of the fault
 

@@ -15,7 +15,7 @@ from itertools import chain, count, pairwise, repeat
 from json.encoder import encode_basestring
 from typing import Final, cast
 
-from .._errors import StateInputInvalid
+from .._errors import StateInputInvalidError
 
 __all__ = ["MAX_DEPTH", "Path", "encode", "format_number", "quote", "scalar", "sorted_keys"]
 
@@ -29,8 +29,8 @@ Path = Sequence["str | int"]
 _Members = Iterator[tuple[str, "str | int", object]]
 
 
-def _invalid(detail: str) -> StateInputInvalid:
-    return StateInputInvalid(_CODE, detail=detail)
+def _invalid(detail: str) -> StateInputInvalidError:
+    return StateInputInvalidError(_CODE, detail=detail)
 
 
 # -- scalars ----------------------------------------------------------------------------------

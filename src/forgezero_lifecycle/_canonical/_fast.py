@@ -6,8 +6,8 @@ encodes silently (enums, UUIDs, ``orjson.Fragment``) and the floats it prints un
 ECMAScript (``100.0``, ``1e+16``, NaN and infinities as ``null``) are found by a walk of the
 value level by level (:func:`_floats`), and the float tokens rewritten outside strings. Where
 orjson refuses a part (a lone surrogate, an int beyond 2**53, deep nesting) or code point order
-may differ from UTF-16 order, only that part is taken apart. A fault raises :class:`Refused` or
-:class:`StateInputInvalid`, and the caller asks the exact encoder (:mod:`._exact`) for the verdict.
+may differ from UTF-16 order, only that part is taken apart. A fault raises :class:`RefusedError` or
+:class:`StateInputInvalidError`, and the caller asks the exact encoder (:mod:`._exact`) for the verdict.
 Under 3x orjson with sorted keys plus SHA-256 on ``bench/canonical.py``'s 1 MiB state.
 """
 
@@ -26,7 +26,7 @@ import orjson
 from . import _exact
 from ._exact import format_number, quote, scalar, sorted_keys
 
-__all__ = ["ENABLED", "Refused", "encode"]
+__all__ = ["ENABLED", "RefusedError", "encode"]
 
 #: From this depth on the fast encoder hands subtrees to the iterative one (orjson stops at 255).
 _FAST_DEPTH: Final = 64
@@ -89,7 +89,7 @@ _Token = Callable[[bytes, "re.Match[bytes]"], tuple[int, bytes]]
 _T = TypeVar("_T")
 
 
-class Refused(Exception):
+class RefusedError(Exception):
     """The fast encoder met something only the exact encoder can judge."""
 
 
@@ -160,13 +160,13 @@ def _floats(value: object, size: int) -> list[float]:
     while level:
         budget -= len(level)
         if budget < 0:
-            raise Refused
+            raise RefusedError
         picked += [item for item in level if type(item) in _PICKED]
         level = gc.get_referents(*level)
     try:
         sum(picked, 0.0)  # C speed over floats; a TypeError at a fragment
     except TypeError:
-        raise Refused from None
+        raise RefusedError from None
     return picked
 
 
@@ -180,7 +180,7 @@ def _ecmascript_floats(encoded: bytes, floats: list[float]) -> bytes:
     """
     summary = orjson.dumps(floats)
     if b"n" in summary:
-        raise Refused
+        raise RefusedError
     if b"e" in summary:
         encoded = _rewrite(encoded, _EXPONENT, _exponent_token)
     integral = summary.count(b".0,") + summary.endswith(b".0]")

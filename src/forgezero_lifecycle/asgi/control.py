@@ -21,19 +21,19 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from .._errors import (
-    BodyTooLarge,
-    ContentTypeInvalid,
-    ControlPathNotFound,
-    DrainConflict,
-    DrainNotFound,
-    DrainRequestInvalid,
+    BodyTooLargeError,
+    ContentTypeInvalidError,
+    ControlPathNotFoundError,
+    DrainConflictError,
+    DrainNotFoundError,
+    DrainRequestInvalidError,
     LifecycleError,
-    MethodNotAllowed,
-    StateConflict,
+    MethodNotAllowedError,
+    StateConflictError,
     StateExportError,
-    StateInputInvalid,
-    StateNotFound,
-    Unauthorized,
+    StateInputInvalidError,
+    StateNotFoundError,
+    UnauthorizedError,
 )
 from ..wire import paths
 from ._body import discard_body
@@ -60,17 +60,17 @@ _LOOPBACK_HOST: Final = re.compile(r"(?:localhost|127\.0\.0\.1|\[::1\])(?::[0-9]
 def status_for(error: LifecycleError) -> int:
     """The HTTP status of a library error on the control plane (always 4xx)."""
     code = error.code
-    if isinstance(error, Unauthorized):
+    if isinstance(error, UnauthorizedError):
         return 401
-    if isinstance(error, BodyTooLarge) or code == "RUNTIME_STATE_EXPORT_TOO_LARGE":
+    if isinstance(error, BodyTooLargeError) or code == "RUNTIME_STATE_EXPORT_TOO_LARGE":
         return 413
-    if isinstance(error, ContentTypeInvalid):
+    if isinstance(error, ContentTypeInvalidError):
         return 415
-    if isinstance(error, DrainNotFound | StateNotFound | ControlPathNotFound):
+    if isinstance(error, DrainNotFoundError | StateNotFoundError | ControlPathNotFoundError):
         return 404
-    if isinstance(error, MethodNotAllowed):
+    if isinstance(error, MethodNotAllowedError):
         return 405
-    if isinstance(error, DrainConflict | StateConflict):
+    if isinstance(error, DrainConflictError | StateConflictError):
         return 409
     if isinstance(error, StateExportError):
         return 422
@@ -164,10 +164,10 @@ class ControlApp:
         path = app_path(request.scope)  # request.url would decode the raw query string
         route = self._routes.get(path.rstrip("/") or path)
         if route is None:
-            raise ControlPathNotFound(detail="no such control path")
+            raise ControlPathNotFoundError(detail="no such control path")
         method = request.method
         if method != route.method and not (route.method == "GET" and method == "HEAD"):
-            raise MethodNotAllowed("GET, HEAD" if route.method == "GET" else route.method)
+            raise MethodNotAllowedError("GET, HEAD" if route.method == "GET" else route.method)
         if route.token is not None:
             self._authenticate(request, route.token)
         return await route.handler(request)
@@ -178,13 +178,13 @@ class ControlApp:
             if self._loopback_only:
                 _require_direct_loopback(request)
                 return
-            raise Unauthorized(detail=f"no {kind} token is configured on this runtime")
+            raise UnauthorizedError(detail=f"no {kind} token is configured on this runtime")
         header = request.headers.get("authorization", "")
         scheme, _, presented = header.partition(" ")
         if scheme.lower() != "bearer" or not presented:
-            raise Unauthorized(detail=f"send Authorization: Bearer <{kind} token>")
+            raise UnauthorizedError(detail=f"send Authorization: Bearer <{kind} token>")
         if not hmac.compare_digest(presented.encode(), expected):
-            raise Unauthorized(
+            raise UnauthorizedError(
                 detail=f"the bearer token does not match this runtime's {kind} token"
             )
 
@@ -195,7 +195,7 @@ class ControlApp:
     async def _drain_status(self, request: Request) -> Response:
         nonce = request.query_params.get("nonce")
         if nonce is None:
-            raise DrainNotFound(detail="the nonce query parameter is required")
+            raise DrainNotFoundError(detail="the nonce query parameter is required")
         status = self._drain.status(nonce)
         return _json(status.model_dump(mode="json", exclude_none=True), 200)
 
@@ -213,7 +213,7 @@ class ControlApp:
     async def _state_export(self, request: Request) -> Response:
         handoff = self._require_handoff()
         if not self._intake_closed():
-            raise StateConflict(
+            raise StateConflictError(
                 "RUNTIME_STATE_NOT_DRAINING",
                 detail="begin a drain first: export needs closed intake",
             )
@@ -235,7 +235,7 @@ class ControlApp:
         handoff = self._require_handoff()
         nonce = request.query_params.get("nonce")
         if nonce is None:
-            raise StateNotFound(detail="the nonce query parameter is required")
+            raise StateNotFoundError(detail="the nonce query parameter is required")
         status = handoff.status(nonce)
         return _json(status.model_dump(mode="json", exclude_none=True), 200)
 
@@ -253,7 +253,7 @@ class ControlApp:
 
     def _require_handoff(self) -> StateHandoffController[Any]:
         if self._handoff is None:
-            raise StateNotFound(detail="this runtime has no state adapter")
+            raise StateNotFoundError(detail="this runtime has no state adapter")
         return self._handoff
 
 
@@ -269,26 +269,26 @@ def _require_direct_loopback(request: Request) -> None:
     """
     client = request.client.host if request.client else ""
     if client not in _LOOPBACK:
-        raise Unauthorized(detail="no control token is configured: loopback clients only")
+        raise UnauthorizedError(detail="no control token is configured: loopback clients only")
     headers = request.headers
     if any(name in headers for name in _FORWARDING_HEADERS):
-        raise Unauthorized(
+        raise UnauthorizedError(
             detail="no control token is configured: a proxied request (X-Forwarded-For, "
             "Forwarded, X-Real-IP) is not a loopback client"
         )
     host = headers.get("host", "")
     if _LOOPBACK_HOST.fullmatch(host) is None:
-        raise Unauthorized(
+        raise UnauthorizedError(
             detail="no control token is configured: the Host must be localhost, 127.0.0.1 or [::1]"
         )
 
 
 def _drain_body_not_json() -> LifecycleError:
-    return DrainRequestInvalid(detail="the body is not strict UTF-8 JSON")
+    return DrainRequestInvalidError(detail="the body is not strict UTF-8 JSON")
 
 
 def _state_body_not_json() -> LifecycleError:
-    return StateInputInvalid("RUNTIME_STATE_REQUEST_INVALID", detail="the body is not JSON")
+    return StateInputInvalidError("RUNTIME_STATE_REQUEST_INVALID", detail="the body is not JSON")
 
 
 async def _json_body(
@@ -297,17 +297,19 @@ async def _json_body(
     """The body as JSON; one that is not is refused with the error ``not_json`` makes."""
     content_type = request.headers.get("content-type", "")
     if content_type.split(";", 1)[0].strip().lower() != "application/json":
-        raise ContentTypeInvalid(detail="send Content-Type: application/json")
+        raise ContentTypeInvalidError(detail="send Content-Type: application/json")
     declared = request.headers.get("content-length")
     if declared is not None and (
         not (declared.isascii() and declared.isdigit()) or int(declared) > MAX_CONTROL_BODY_BYTES
     ):
-        raise BodyTooLarge(detail=f"control bodies are at most {MAX_CONTROL_BODY_BYTES} bytes")
+        raise BodyTooLargeError(detail=f"control bodies are at most {MAX_CONTROL_BODY_BYTES} bytes")
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_CONTROL_BODY_BYTES:
-            raise BodyTooLarge(detail=f"control bodies are at most {MAX_CONTROL_BODY_BYTES} bytes")
+            raise BodyTooLargeError(
+                detail=f"control bodies are at most {MAX_CONTROL_BODY_BYTES} bytes"
+            )
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -322,7 +324,7 @@ def _error(error: LifecycleError) -> Response:
     response = _json(body, status)
     if status == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
-    if isinstance(error, MethodNotAllowed):
+    if isinstance(error, MethodNotAllowedError):
         response.headers["Allow"] = error.allow
     return response
 

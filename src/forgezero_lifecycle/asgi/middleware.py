@@ -17,16 +17,16 @@ Per connection, by ``scope["type"]``:
   server offers ``websocket.http.response``, else close 1013). Once the stream grace is over an
   open session is closed with 1012 (configurable) and reason ``draining``; the server then
   delivers ``websocket.disconnect`` to the app, and an app send after that raises
-  :class:`~forgezero_lifecycle.ConnectionClosedByDrain` (an ``OSError``, as the ASGI spec wants
+  :class:`~forgezero_lifecycle.ConnectionClosedByDrainError` (an ``OSError``, as the ASGI spec wants
   for a send on a closed connection), so a handler that only sends ends too. A denial the app
   sends (``websocket.http.response.start`` and its body parts) ends with its last body part
   (``more_body`` false); the notice never closes a session in the middle of one.
 
 Every send made while draining is bounded by the gate's ``cutoff`` (set by the runtime at the
 drain's release margin): a send still blocked then by a client that does not read is given up,
-raises ``ConnectionClosedByDrain`` (``RUNTIME_DRAIN_CONNECTION_ABANDONED``) and the connection is
+raises ``ConnectionClosedByDrainError`` (``RUNTIME_DRAIN_CONNECTION_ABANDONED``) and the connection is
 abandoned: the middleware returns, the server closes it, and the count is released in time.
-What the app raises because of the drain's own ``ConnectionClosedByDrain`` is not passed on.
+What the app raises because of the drain's own ``ConnectionClosedByDrainError`` is not passed on.
 
 No per-request state lives on ``self``; everything per request is a local or a closure.
 """
@@ -38,7 +38,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Final, final
 
-from .._errors import ConnectionClosedByDrain
+from .._errors import ConnectionClosedByDrainError
 from ..core.gate import IntakeGate
 from ..core.signal_drain import SignalDrain
 from ..wire.paths import CONTROL_PREFIX
@@ -188,7 +188,7 @@ class _WebSocketSession:
         self.app_closed = False
         #: The app began a denial response (``websocket.http.response.start``).
         self.responding = False
-        #: Why the drain ended the session (a ``ConnectionClosedByDrain`` code), or None.
+        #: Why the drain ended the session (a ``ConnectionClosedByDrainError`` code), or None.
         self.ended: str | None = None
 
     async def send(self, message: Message) -> None:
@@ -197,7 +197,7 @@ class _WebSocketSession:
             if self.ended is not None:
                 if kind == "websocket.close":
                     return  # closing what the drain already closed: nothing left to do
-                raise ConnectionClosedByDrain(
+                raise ConnectionClosedByDrainError(
                     self.ended, detail="the drain ended this WebSocket; stop sending"
                 )
             if kind == "websocket.http.response.start":
@@ -210,7 +210,7 @@ class _WebSocketSession:
                 await self._send(message)
             elif not await _send_within(self._send, message, self._gate.cutoff):
                 self._abandon()
-                raise ConnectionClosedByDrain(
+                raise ConnectionClosedByDrainError(
                     _ABANDONED_CODE, detail="the client did not read before the drain's deadline"
                 )
 
@@ -331,7 +331,7 @@ class _HttpResponder:
                 return
             self.flags |= _ABANDONED
             logger.warning("drain.connection_abandoned kind=http")
-        raise ConnectionClosedByDrain(
+        raise ConnectionClosedByDrainError(
             _ABANDONED_CODE, detail="the client did not read before the drain's deadline"
         )
 
@@ -360,11 +360,11 @@ async def _send_within(send: Send, message: Message, cutoff: asyncio.Event) -> b
 
 
 def _caused_by_drain(error: BaseException, depth: int = 0) -> bool:
-    """True when ``error`` is, or was raised because of, the drain's ConnectionClosedByDrain
+    """True when ``error`` is, or was raised because of, the drain's ConnectionClosedByDrainError
     (an exception group: when each of its exceptions was)."""
     seen: BaseException | None = error
     while seen is not None and depth < 16:  # bounded: a cycle in __context__ cannot hang
-        if isinstance(seen, ConnectionClosedByDrain):
+        if isinstance(seen, ConnectionClosedByDrainError):
             return True
         if isinstance(seen, BaseExceptionGroup):
             return all(_caused_by_drain(inner, depth + 1) for inner in seen.exceptions)

@@ -12,14 +12,14 @@ from pydantic import ValidationError
 
 from .. import demo, serve
 from .._errors import (
-    BodyTooLarge,
+    BodyTooLargeError,
     ConfigurationError,
-    ContentTypeInvalid,
-    ControlUnreachable,
-    DrainRequestInvalid,
+    ContentTypeInvalidError,
+    ControlUnreachableError,
+    DrainRequestInvalidError,
     LifecycleError,
-    StateInputInvalid,
-    Unauthorized,
+    StateInputInvalidError,
+    UnauthorizedError,
 )
 from ..wire._types import first_problem, is_nonce
 from .commands import COMMANDS, RELOAD_WAIT, WAIT_MARGIN, UsageError
@@ -48,9 +48,14 @@ def _nonce(text: str) -> str:
 
 
 def _exit_code(error: LifecycleError) -> int:
-    if isinstance(error, ControlUnreachable | Unauthorized):
+    if isinstance(error, ControlUnreachableError | UnauthorizedError):
         return EXIT_UNREACHABLE
-    invalid = DrainRequestInvalid | StateInputInvalid | BodyTooLarge | ContentTypeInvalid
+    invalid = (
+        DrainRequestInvalidError
+        | StateInputInvalidError
+        | BodyTooLargeError
+        | ContentTypeInvalidError
+    )
     if isinstance(error, invalid | ConfigurationError):
         return EXIT_USAGE
     return EXIT_FAILED

@@ -10,7 +10,7 @@
 Answers are the wire models (:class:`DrainStatus`, :class:`StateHandoffStatus`, ...). An error
 body ``{"error": CODE}`` becomes the library's typed error for that code
 (:func:`~forgezero_lifecycle._errors.error_for_code`); a server that cannot be reached raises
-:class:`~forgezero_lifecycle._errors.ControlUnreachable`.
+:class:`~forgezero_lifecycle._errors.ControlUnreachableError`.
 
 Retries: every control call is safe to repeat (reads; ``begin`` with the same request is
 acknowledged as a duplicate by design; a rollback of the same nonce returns the same status), so

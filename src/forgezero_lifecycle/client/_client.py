@@ -15,7 +15,7 @@ import httpx
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from .._errors import ConfigurationError, ControlUnreachable, RemoteError, error_for_code
+from .._errors import ConfigurationError, ControlUnreachableError, RemoteError, error_for_code
 from .._tokens import check_handoff_token
 from ..wire import paths
 from ..wire.accepted import Accepted
@@ -319,7 +319,7 @@ class ControlClient:
                 )
             except httpx.TransportError as error:
                 if attempt >= self._retries:
-                    raise ControlUnreachable(
+                    raise ControlUnreachableError(
                         detail=f"cannot reach {self.url} ({type(error).__name__}); "
                         "is the generation running and the URL right?"
                     ) from None

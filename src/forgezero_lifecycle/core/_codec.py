@@ -25,7 +25,12 @@ from typing import Any, Generic, ParamSpec, TypeVar, final
 from pydantic import BaseModel
 
 from .._canonical import canonical_json, digest_of
-from .._errors import LifecycleError, StateExportError, StateInputInvalid, StateTransferFailed
+from .._errors import (
+    LifecycleError,
+    StateExportError,
+    StateInputInvalidError,
+    StateTransferFailedError,
+)
 from ..wire.handoff import (
     CURSOR_PATTERN,
     DIGEST_PATTERN,
@@ -84,7 +89,7 @@ class StateCodec(Generic[T]):
         """Check an adapter's settings (``RUNTIME_STATE_ADAPTER_INVALID``) and keep them."""
         protocol = getattr(adapter, "protocol", None)
         if not isinstance(protocol, str) or HANDOFF_TEXT_PATTERN.fullmatch(protocol) is None:
-            raise StateInputInvalid(
+            raise StateInputInvalidError(
                 "RUNTIME_STATE_ADAPTER_INVALID",
                 "protocol must match " + HANDOFF_TEXT_PATTERN.pattern,
             )
@@ -92,7 +97,7 @@ class StateCodec(Generic[T]):
         schema_version = adapter_int(getattr(adapter, "schema_version", None), MAX_SCHEMA_VERSION)
         maximum_bytes = adapter_int(getattr(adapter, "maximum_bytes", None), MAX_STATE_BYTES)
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            raise StateInputInvalid(
+            raise StateInputInvalidError(
                 "RUNTIME_STATE_ADAPTER_INVALID", "model must be a pydantic BaseModel subclass"
             )
         refuse_secret_fields(model)
@@ -160,9 +165,9 @@ class StateCodec(Generic[T]):
         except ValueError:
             raise _envelope_invalid() from None
         if digest_of(encoded) != digest:
-            raise StateTransferFailed("RUNTIME_STATE_DIGEST_MISMATCH")
+            raise StateTransferFailedError("RUNTIME_STATE_DIGEST_MISMATCH")
         if len(encoded) > self.maximum_bytes:
-            raise StateTransferFailed("RUNTIME_STATE_ENVELOPE_TOO_LARGE")
+            raise StateTransferFailedError("RUNTIME_STATE_ENVELOPE_TOO_LARGE")
         context = StateImportContext(
             source_revision=source, target_revision=target, cursor=cursor, digest=digest
         )
@@ -203,7 +208,7 @@ class StateCodec(Generic[T]):
         """canonical_json of ``unsigned``; a value the model refuses fails as ``refused`` first."""
         try:
             return canonical_json(unsigned)
-        except StateInputInvalid:
+        except StateInputInvalidError:
             if not accepts(self.model, value):
                 raise refused from None
             raise
@@ -230,9 +235,9 @@ def _export_invalid(detail: str) -> StateExportError:
     return StateExportError("RUNTIME_STATE_EXPORT_INVALID", detail)
 
 
-def _envelope_invalid() -> StateTransferFailed:
-    return StateTransferFailed("RUNTIME_STATE_ENVELOPE_INVALID")
+def _envelope_invalid() -> StateTransferFailedError:
+    return StateTransferFailedError("RUNTIME_STATE_ENVELOPE_INVALID")
 
 
-def _value_invalid() -> StateInputInvalid:
-    return StateInputInvalid("RUNTIME_STATE_VALUE_INVALID")
+def _value_invalid() -> StateInputInvalidError:
+    return StateInputInvalidError("RUNTIME_STATE_VALUE_INVALID")

@@ -33,7 +33,7 @@ from typing import Any, Final
 import httpx
 import orjson
 
-from .._errors import StateTransferFailed
+from .._errors import StateTransferFailedError
 
 __all__ = ["fetch_document", "parse_document"]
 
@@ -110,18 +110,18 @@ async def fetch_document(
             finally:
                 await response.aclose()
     except httpx.TimeoutException:
-        raise StateTransferFailed("RUNTIME_STATE_TIMEOUT") from None
+        raise StateTransferFailedError("RUNTIME_STATE_TIMEOUT") from None
     except (httpx.TransportError, OSError):
-        raise StateTransferFailed("RUNTIME_STATE_SOURCE_UNREACHABLE") from None
+        raise StateTransferFailedError("RUNTIME_STATE_SOURCE_UNREACHABLE") from None
     return parse_document(body)
 
 
 async def _read_body(response: httpx.Response, limit: int) -> bytes:
     if not 200 <= response.status_code <= 299:
-        raise StateTransferFailed(f"RUNTIME_STATE_SOURCE_HTTP_{response.status_code}")
+        raise StateTransferFailedError(f"RUNTIME_STATE_SOURCE_HTTP_{response.status_code}")
     announced = response.headers.get("content-length", "")
     if _LENGTH.fullmatch(announced) and int(announced) > limit:
-        raise StateTransferFailed("RUNTIME_STATE_SOURCE_TOO_LARGE")
+        raise StateTransferFailedError("RUNTIME_STATE_SOURCE_TOO_LARGE")
     decoders = [_Inflater(c) for c in _codings(response.headers.get_list("content-encoding"))]
     body = bytearray()
     async for raw in response.aiter_raw():
@@ -130,9 +130,9 @@ async def _read_body(response: httpx.Response, limit: int) -> bytes:
             chunk = decoder.feed(chunk, limit - len(body))
         body += chunk
         if len(body) > limit:
-            raise StateTransferFailed("RUNTIME_STATE_SOURCE_TOO_LARGE")
+            raise StateTransferFailedError("RUNTIME_STATE_SOURCE_TOO_LARGE")
     if not all(decoder.finished for decoder in decoders):
-        raise StateTransferFailed("RUNTIME_STATE_ENVELOPE_INVALID")
+        raise StateTransferFailedError("RUNTIME_STATE_ENVELOPE_INVALID")
     return bytes(body)
 
 
@@ -168,7 +168,7 @@ class _Inflater:
                 out += self._z.decompress(data, room + 1 - len(out))
             except zlib.error:
                 if not self._raw_fallback:
-                    raise StateTransferFailed("RUNTIME_STATE_ENVELOPE_INVALID") from None
+                    raise StateTransferFailedError("RUNTIME_STATE_ENVELOPE_INVALID") from None
                 # "deflate" without the zlib wrapper, as some servers send it.
                 self._raw_fallback = False
                 self._z = self._new(-zlib.MAX_WBITS)
@@ -191,7 +191,7 @@ def parse_document(body: bytes) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         document = _parse_exactly(body)
     if not isinstance(document, dict):
-        raise StateTransferFailed("RUNTIME_STATE_ENVELOPE_INVALID")
+        raise StateTransferFailedError("RUNTIME_STATE_ENVELOPE_INVALID")
     return document
 
 
@@ -202,7 +202,7 @@ def _parse_exactly(body: bytes) -> Any:
             body.decode("utf-8"), parse_constant=_refuse_constant, parse_int=_parse_int
         )
     except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
-        raise StateTransferFailed("RUNTIME_STATE_ENVELOPE_INVALID") from None
+        raise StateTransferFailedError("RUNTIME_STATE_ENVELOPE_INVALID") from None
 
 
 def _refuse_constant(name: str) -> Any:

@@ -12,7 +12,7 @@ This module implements the WHATWG URL standard's basic URL parser for the one sc
 (``http``, a special scheme, with no base URL): trimming, scheme, authority, userinfo, host (in
 :mod:`._url_host`), port, path with dot segments, query and fragment percent-encoding, and
 serialisation. Any input the standard rejects, any other scheme and any host that does not serialise
-to one of the three loopback names raise :class:`StateInputInvalid`
+to one of the three loopback names raise :class:`StateInputInvalidError`
 ``RUNTIME_STATE_SOURCE_INVALID``, a code, never the parser's text.
 
 Port rules D1-D9 are listed in ``tests/conformance/vectors.json``, ``meta.format_notes.port_rules``.
@@ -23,8 +23,8 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from .._errors import StateInputInvalid
-from ._url_host import UrlInvalid, parse_host
+from .._errors import StateInputInvalidError
+from ._url_host import UrlInvalidError, parse_host
 
 __all__ = ["loopback_source"]
 
@@ -42,12 +42,12 @@ def loopback_source(raw: str) -> str:
     """Return the normalised URL to fetch, or raise ``RUNTIME_STATE_SOURCE_INVALID``."""
     try:
         host, url = _parse_http(raw)
-    except UrlInvalid:
-        raise StateInputInvalid(
+    except UrlInvalidError:
+        raise StateInputInvalidError(
             "RUNTIME_STATE_SOURCE_INVALID", "the source URL is not a valid http URL"
         ) from None
     if host not in _LOOPBACK_HOSTS:
-        raise StateInputInvalid(
+        raise StateInputInvalidError(
             "RUNTIME_STATE_SOURCE_INVALID",
             "the source must be http on 127.0.0.1, [::1] or localhost, without credentials "
             "or fragment",
@@ -62,7 +62,7 @@ def _parse_http(raw: str) -> tuple[str, str]:
     text = text.strip(_C0_OR_SPACE).replace("\t", "").replace("\n", "").replace("\r", "")
     scheme = _SCHEME.match(text)
     if scheme is None or scheme.group().lower() != "http:":
-        raise UrlInvalid
+        raise UrlInvalidError
     rest = text[scheme.end() :].lstrip("/\\")
     end = _first_of(rest, "/\\?#")
     authority, rest = rest[:end], rest[end:]
@@ -71,13 +71,13 @@ def _parse_http(raw: str) -> tuple[str, str]:
         # Only an empty username and password pass the JavaScript module's rule; "" and ":" encode
         # to them.
         if authority[:at] not in ("", ":"):
-            raise UrlInvalid
+            raise UrlInvalidError
         authority = authority[at + 1 :]
     host_text, port = _split_port(authority)
     host = parse_host(host_text)
     path, query, fragment = _path_query_fragment(rest)
     if fragment:
-        raise UrlInvalid
+        raise UrlInvalidError
     url = "http://" + host + ("" if port is None else f":{port}") + path
     if query is not None:
         url += "?" + query
@@ -100,13 +100,13 @@ def _split_port(authority: str) -> tuple[str, int | None]:
         elif c == ":" and not inside_brackets:
             digits = authority[i + 1 :]
             if i == 0 or any(d not in "0123456789" for d in digits):
-                raise UrlInvalid
+                raise UrlInvalidError
             port = int(digits) if digits else None
             if port is not None and port > 65535:
-                raise UrlInvalid
+                raise UrlInvalidError
             return authority[:i], None if port == 80 else port
     if not authority:
-        raise UrlInvalid
+        raise UrlInvalidError
     return authority, None
 
 

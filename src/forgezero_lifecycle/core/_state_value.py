@@ -24,7 +24,7 @@ from typing import Annotated, Any, Final, TypeVar, get_args, get_origin, get_typ
 
 from pydantic import BaseModel, Secret, SecretBytes, SecretStr, ValidationError
 
-from .._errors import StateInputInvalid
+from .._errors import StateInputInvalidError
 from ..wire._types import safe_int
 
 __all__ = ["accepts", "adapter_int", "dumped", "failure_text", "load", "refuse_secret_fields"]
@@ -43,7 +43,7 @@ def adapter_int(value: object, high: int) -> int:
     except ValueError:
         number = 0
     if not 1 <= number <= high:
-        raise StateInputInvalid(
+        raise StateInputInvalidError(
             "RUNTIME_STATE_ADAPTER_INVALID",
             f"expected an integer from 1 to {high}, not {_shown(value)}",
         )
@@ -66,7 +66,7 @@ def refuse_secret_fields(model: type[BaseModel]) -> None:
     """
     where = _secret_path(model, model.__name__, set())
     if where is not None:
-        raise StateInputInvalid(
+        raise StateInputInvalidError(
             "RUNTIME_STATE_ADAPTER_INVALID",
             f"{where} is a secret type; handoff state is non-secret, pass a secret reference",
         )

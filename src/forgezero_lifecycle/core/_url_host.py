@@ -13,7 +13,7 @@ from typing import Final
 
 import idna
 
-__all__ = ["UrlInvalid", "parse_host"]
+__all__ = ["UrlInvalidError", "parse_host"]
 
 _HEX: Final = frozenset("0123456789abcdefABCDEF")
 _DIGITS: Final = frozenset("0123456789")
@@ -22,27 +22,27 @@ _FORBIDDEN_HOST: Final = frozenset("\x00\t\n\r #/:<>?@[\\]^|")
 _FORBIDDEN_DOMAIN: Final = _FORBIDDEN_HOST | frozenset(map(chr, range(0x20))) | {"%", "\x7f"}
 
 
-class UrlInvalid(Exception):
+class UrlInvalidError(Exception):
     """The WHATWG parser returned failure."""
 
 
 def parse_host(text: str) -> str:
-    """The serialised host of a special URL (``http``), or raise :class:`UrlInvalid`."""
+    """The serialised host of a special URL (``http``), or raise :class:`UrlInvalidError`."""
     if text.startswith("["):
         if not text.endswith("]"):
-            raise UrlInvalid
+            raise UrlInvalidError
         return "[" + _ipv6_serialize(_ipv6_parse(text[1:-1])) + "]"
     domain = _percent_decode(text).decode("utf-8", "replace")
     try:
         mapped = idna.uts46_remap(domain, std3_rules=False, transitional=False)
     except (idna.IDNAError, ValueError):
-        raise UrlInvalid from None
+        raise UrlInvalidError from None
     # A label left non-ASCII becomes "xn--...", and an "xn--" label stays one: neither is ever
     # a loopback name or an IPv4 number, so both are refused here without Punycode.
     if not mapped or not mapped.isascii() or any(s.startswith("xn--") for s in mapped.split(".")):
-        raise UrlInvalid
+        raise UrlInvalidError
     if any(c in _FORBIDDEN_DOMAIN for c in mapped):
-        raise UrlInvalid
+        raise UrlInvalidError
     if _ends_in_number(mapped):
         address = _ipv4_parse(mapped)
         return ".".join(str(address >> shift & 0xFF) for shift in (24, 16, 8, 0))
@@ -97,15 +97,15 @@ def _ipv4_parse(domain: str) -> int:
     if parts[-1] == "" and len(parts) > 1:
         parts.pop()
     if len(parts) > 4:
-        raise UrlInvalid
+        raise UrlInvalidError
     numbers: list[int] = []
     for part in parts:
         number = _ipv4_number(part)
         if number is None:
-            raise UrlInvalid
+            raise UrlInvalidError
         numbers.append(number)
     if any(n > 255 for n in numbers[:-1]) or numbers[-1] >= 256 ** (5 - len(numbers)):
-        raise UrlInvalid
+        raise UrlInvalidError
     address = numbers[-1]
     for i, n in enumerate(numbers[:-1]):
         address += n * 256 ** (3 - i)
@@ -124,14 +124,14 @@ def _ipv6_parse(text: str) -> list[int]:
 
     if at(0) == ":":
         if at(1) != ":":
-            raise UrlInvalid
+            raise UrlInvalidError
         i, piece, compress = 2, 1, 1
     while i < n:
         if piece == 8:
-            raise UrlInvalid
+            raise UrlInvalidError
         if text[i] == ":":
             if compress is not None:
-                raise UrlInvalid
+                raise UrlInvalidError
             i += 1
             piece += 1
             compress = piece
@@ -143,7 +143,7 @@ def _ipv6_parse(text: str) -> list[int]:
             length += 1
         if at(i) == ".":
             if length == 0 or piece > 6:
-                raise UrlInvalid
+                raise UrlInvalidError
             i -= length
             piece = _ipv6_embedded_ipv4(text, i, address, piece)
             i = n
@@ -151,9 +151,9 @@ def _ipv6_parse(text: str) -> list[int]:
         if at(i) == ":":
             i += 1
             if i == n:
-                raise UrlInvalid
+                raise UrlInvalidError
         elif i < n:
-            raise UrlInvalid
+            raise UrlInvalidError
         address[piece] = value
         piece += 1
     if compress is not None:
@@ -165,7 +165,7 @@ def _ipv6_parse(text: str) -> list[int]:
             piece -= 1
             swaps -= 1
     elif piece != 8:
-        raise UrlInvalid
+        raise UrlInvalidError
     return address
 
 
@@ -174,17 +174,17 @@ def _ipv6_embedded_ipv4(text: str, i: int, address: list[int], piece: int) -> in
     while i < len(text):
         if numbers_seen > 0:
             if text[i] != "." or numbers_seen >= 4:
-                raise UrlInvalid
+                raise UrlInvalidError
             i += 1
         if i >= len(text) or text[i] not in _DIGITS:
-            raise UrlInvalid
+            raise UrlInvalidError
         value: int | None = None
         while i < len(text) and text[i] in _DIGITS:
             if value == 0:
-                raise UrlInvalid
+                raise UrlInvalidError
             value = int(text[i]) if value is None else value * 10 + int(text[i])
             if value > 255:
-                raise UrlInvalid
+                raise UrlInvalidError
             i += 1
         assert value is not None
         address[piece] = address[piece] * 0x100 + value
@@ -192,7 +192,7 @@ def _ipv6_embedded_ipv4(text: str, i: int, address: list[int], piece: int) -> in
         if numbers_seen in (2, 4):
             piece += 1
     if numbers_seen != 4:
-        raise UrlInvalid
+        raise UrlInvalidError
     return piece
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, final
 
 from .._clock import Clock, SystemClock, first
-from .._errors import DrainConflict, DrainFailed, DrainNotFound, LifecycleError
+from .._errors import DrainConflictError, DrainFailedError, DrainNotFoundError, LifecycleError
 from .._events import emit, nonce_prefix
 from ..wire._protocol import DrainState, is_nonce
 
@@ -149,17 +149,17 @@ class DrainController:
 
         parsed = parse_drain_request(request)
         if self._revision is not None and parsed.source_revision != self._revision:
-            raise DrainConflict(
+            raise DrainConflictError(
                 "RUNTIME_DRAIN_REVISION_MISMATCH",
                 detail="sourceRevision is not the revision this generation runs",
             )
         if self.active:
             assert self._request is not None
             if not self._request.same_drain(parsed):
-                raise DrainConflict("RUNTIME_DRAIN_ALREADY_STARTED", detail=self._conflict())
+                raise DrainConflictError("RUNTIME_DRAIN_ALREADY_STARTED", detail=self._conflict())
             return Accepted(duplicate=True)
         if parsed.nonce in self._retired_nonces:
-            raise DrainConflict(
+            raise DrainConflictError(
                 "RUNTIME_DRAIN_ALREADY_STARTED",
                 detail="this nonce was rolled back; begin again with a fresh nonce",
             )
@@ -201,7 +201,7 @@ class DrainController:
         intake stays closed); otherwise the generation is serving and there is none.
         """
         if not self.active:
-            raise DrainNotFound(
+            raise DrainNotFoundError(
                 detail="no drain is running: this generation is serving "
                 "(a rolled-back drain is still found by status with its nonce)"
             )
@@ -239,11 +239,11 @@ class DrainController:
 
     def _find(self, nonce: object) -> DrainRequest:
         if nonce is None:
-            raise DrainNotFound(detail="the nonce is required")
+            raise DrainNotFoundError(detail="the nonce is required")
         if not is_nonce(nonce):
-            raise DrainNotFound(detail="the nonce must be 43 base64url characters")
+            raise DrainNotFoundError(detail="the nonce must be 43 base64url characters")
         if self._request is None or nonce != self._request.nonce:
-            raise DrainNotFound(detail="no drain with this nonce")
+            raise DrainNotFoundError(detail="no drain with this nonce")
         return self._request
 
     def _start(self, timeout_ms: int) -> None:
@@ -271,12 +271,12 @@ class DrainController:
         try:
             outcome = await first(work, deadline)  # a deadline that raises fails with its error
             if outcome.cancelled():
-                raise DrainFailed("RUNTIME_DRAIN_TIMEOUT")
+                raise DrainFailedError("RUNTIME_DRAIN_TIMEOUT")
             if outcome.exception() is not None:
-                raise DrainFailed("RUNTIME_DRAIN_FAILED") from outcome.exception()
+                raise DrainFailedError("RUNTIME_DRAIN_FAILED") from outcome.exception()
             counters = validate_counters(self._deps.work_counters())
             if not counters.idle:
-                raise DrainFailed("RUNTIME_DRAIN_NOT_IDLE")
+                raise DrainFailedError("RUNTIME_DRAIN_NOT_IDLE")
             self._finish("drained", None)
         except Exception as cause:  # CancelledError is a BaseException: a rollback passes
             self._finish("failed", _failure_text(cause))

@@ -26,11 +26,11 @@ from pydantic import BaseModel, ValidationError
 from .._clock import Clock, SystemClock, first
 from .._errors import (
     LifecycleError,
-    StateConflict,
+    StateConflictError,
     StateExportError,
-    StateInputInvalid,
-    StateNotFound,
-    StateTransferFailed,
+    StateInputInvalidError,
+    StateNotFoundError,
+    StateTransferFailedError,
 )
 from .._events import emit, nonce_prefix
 from ..wire._types import is_nonce, is_revision, safe_int
@@ -141,11 +141,11 @@ class StateHandoffController(Generic[T]):
         self, source_revision: object, target_revision: object
     ) -> tuple[StateEnvelope, bytes]:
         if not is_revision(source_revision):
-            raise StateInputInvalid("RUNTIME_STATE_REVISION_INVALID")
+            raise StateInputInvalidError("RUNTIME_STATE_REVISION_INVALID")
         if not is_revision(target_revision):
-            raise StateInputInvalid("RUNTIME_STATE_REVISION_INVALID")
+            raise StateInputInvalidError("RUNTIME_STATE_REVISION_INVALID")
         if self._revision is not None and source_revision != self._revision:
-            raise StateConflict(
+            raise StateConflictError(
                 "RUNTIME_STATE_REVISION_MISMATCH",
                 "sourceRevision is not the revision this generation runs",
             )
@@ -182,11 +182,11 @@ class StateHandoffController(Generic[T]):
             or parsed.schema_version != self._codec.schema_version
             or not 100 <= timeout <= 600_000
         ):
-            raise StateInputInvalid("RUNTIME_STATE_REQUEST_INVALID")
+            raise StateInputInvalidError("RUNTIME_STATE_REQUEST_INVALID")
         url = loopback_source(parsed.source.url)
         if self._request is not None:
             if parsed != self._request:
-                raise StateConflict("RUNTIME_STATE_ALREADY_STARTED")
+                raise StateConflictError("RUNTIME_STATE_ALREADY_STARTED")
             return {"accepted": True, "duplicate": True}
         loop = asyncio.get_running_loop()
         self._request = parsed
@@ -206,7 +206,7 @@ class StateHandoffController(Generic[T]):
 
     def status(self, nonce: object) -> StateHandoffStatus:
         if self._status is None or not is_nonce(nonce) or nonce != self._status.nonce:
-            raise StateNotFound("RUNTIME_STATE_NOT_FOUND")
+            raise StateNotFoundError("RUNTIME_STATE_NOT_FOUND")
         return self._status
 
     async def wait(self, nonce: object) -> StateHandoffStatus:
@@ -276,7 +276,7 @@ class StateHandoffController(Generic[T]):
         """``work`` raced against the clock; on the deadline it is cancelled and awaited."""
         task = await first(work, self._clock.sleep(seconds))
         if task.cancelled():
-            raise StateTransferFailed("RUNTIME_STATE_TIMEOUT")
+            raise StateTransferFailedError("RUNTIME_STATE_TIMEOUT")
         return task.result()
 
 
@@ -284,11 +284,13 @@ def _parsed_request(request: object) -> StateHandoffRequest:
     if isinstance(request, StateHandoffRequest):
         return request
     if not isinstance(request, dict):
-        raise StateInputInvalid("RUNTIME_STATE_REQUEST_INVALID", "the request must be an object")
+        raise StateInputInvalidError(
+            "RUNTIME_STATE_REQUEST_INVALID", "the request must be an object"
+        )
     try:
         return StateHandoffRequest.model_validate(request, by_alias=True, by_name=False)
     except ValidationError:
-        raise StateInputInvalid("RUNTIME_STATE_REQUEST_INVALID") from None
+        raise StateInputInvalidError("RUNTIME_STATE_REQUEST_INVALID") from None
 
 
 def _status(request: StateHandoffRequest, status: str, **extra: str | None) -> StateHandoffStatus:

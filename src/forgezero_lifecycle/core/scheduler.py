@@ -15,7 +15,7 @@ Rules:
 * A job never overlaps itself: a tick that finds the previous run still going is skipped and
   counted in ``skipped_overlaps``; ``run_now`` on a running job waits for that run instead.
 * A drain closes the scheduler's intake (:meth:`Scheduler.close_intake`): no tick fires and
-  ``run_now`` raises :class:`ScheduleIntakePaused` until :meth:`Scheduler.reopen_intake`. This is
+  ``run_now`` raises :class:`ScheduleIntakePausedError` until :meth:`Scheduler.reopen_intake`. This is
   separate from an operator's ``pause()``, which a rollback does not undo.
 * An exception in a job never stops the scheduler: it is logged on the
   ``forgezero_lifecycle.scheduler`` logger and recorded in the job's status
@@ -33,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal, Self, TypeVar, final
 
 from .._clock import Clock, SystemClock, wait_event
-from .._errors import ScheduleIntakePaused, ScheduleInvalid, ScheduleNotFound
+from .._errors import ScheduleIntakePausedError, ScheduleInvalidError, ScheduleNotFoundError
 from .participant import ParticipantKind
 
 __all__ = ["ScheduledJobStatus", "Scheduler", "SchedulerParticipant", "SchedulerStatus"]
@@ -142,23 +142,29 @@ class Scheduler:
         """Register ``fn`` (an async callable without arguments) under a unique ``name``.
 
         Give exactly one of ``every`` (seconds, > 0) and ``cron`` (5 or 6 fields).
-        Raises :class:`ScheduleInvalid` for a bad name, a duplicate or a bad schedule.
+        Raises :class:`ScheduleInvalidError` for a bad name, a duplicate or a bad schedule.
         """
         if not isinstance(name, str) or not name:
-            raise ScheduleInvalid(detail=f"a job name must be a non-empty string, got {name!r}")
+            raise ScheduleInvalidError(
+                detail=f"a job name must be a non-empty string, got {name!r}"
+            )
         if name in self._jobs:
-            raise ScheduleInvalid(detail=f"job {name!r} is already scheduled; pick another name")
+            raise ScheduleInvalidError(
+                detail=f"job {name!r} is already scheduled; pick another name"
+            )
         if not callable(fn):
-            raise ScheduleInvalid(detail=f"job {name!r} needs an async callable, got {fn!r}")
+            raise ScheduleInvalidError(detail=f"job {name!r} needs an async callable, got {fn!r}")
         if (every is None) == (cron is None):
-            raise ScheduleInvalid(detail=f"job {name!r} needs exactly one of every= and cron=")
+            raise ScheduleInvalidError(detail=f"job {name!r} needs exactly one of every= and cron=")
         if every is not None and (
             isinstance(every, bool)
             or not isinstance(every, int | float)
             or not math.isfinite(every)
             or every <= 0
         ):
-            raise ScheduleInvalid(detail=f"job {name!r}: every= must be seconds > 0, got {every!r}")
+            raise ScheduleInvalidError(
+                detail=f"job {name!r}: every= must be seconds > 0, got {every!r}"
+            )
         if cron is not None:
             # cronsim (and the zoneinfo it loads) is imported only by a runtime that has cron jobs.
             from cronsim import CronSim, CronSimError
@@ -166,7 +172,9 @@ class Scheduler:
             try:
                 CronSim(cron, self._now())
             except (CronSimError, AttributeError, TypeError) as exc:
-                raise ScheduleInvalid(detail=f"job {name!r}: bad cron {cron!r} ({exc})") from None
+                raise ScheduleInvalidError(
+                    detail=f"job {name!r}: bad cron {cron!r} ({exc})"
+                ) from None
         job = self._jobs[name] = _Job(name, fn, None if every is None else float(every), cron)
         self._arm(job)
 
@@ -237,7 +245,7 @@ class Scheduler:
         """Run ``name`` now (or wait for its run in progress) and return its status after it."""
         job = self._job(name)
         if self._intake_closed:
-            raise ScheduleIntakePaused(
+            raise ScheduleIntakePausedError(
                 detail="the runtime is draining; run it on the new generation"
             )
         run = job.run if job.run is not None and job.running else self._launch(job)
@@ -255,7 +263,7 @@ class Scheduler:
         )
 
     def job_status(self, name: str) -> ScheduledJobStatus:
-        """The status of one job; :class:`ScheduleNotFound` for an unknown name."""
+        """The status of one job; :class:`ScheduleNotFoundError` for an unknown name."""
         return self._status_of(self._job(name))
 
     def in_flight(self) -> int:
@@ -278,7 +286,7 @@ class Scheduler:
         try:
             return self._jobs[name]
         except KeyError:
-            raise ScheduleNotFound(detail=f"no job named {name!r} is scheduled") from None
+            raise ScheduleNotFoundError(detail=f"no job named {name!r} is scheduled") from None
 
     def _arm(self, job: _Job) -> None:
         if not self._started or self._paused or self._intake_closed or job.timer is not None:

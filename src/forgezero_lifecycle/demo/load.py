@@ -78,7 +78,7 @@ class WebSocketTally:
     problems: list[str] = field(default_factory=list)
 
 
-class _Lost(Exception):
+class _LostError(Exception):
     """A request that failed in a way a refusal cannot explain."""
 
 
@@ -96,15 +96,15 @@ async def _attempt(target: Target, kind: str, rng: random.Random) -> Outcome:
     except httpx.ConnectError:
         return "refused"  # nothing was sent: as safe to repeat as a refusal
     except httpx.HTTPError as error:
-        raise _Lost(f"{kind} on {target.label}: {type(error).__name__}") from None
+        raise _LostError(f"{kind} on {target.label}: {type(error).__name__}") from None
     finally:
         target.outstanding -= 1
     if response.status_code == 503 and orjson.loads(body or b"null") == REFUSAL:
         return "refused"
     if response.status_code != 200:
-        raise _Lost(f"{kind} on {target.label}: HTTP {response.status_code}")
+        raise _LostError(f"{kind} on {target.label}: HTTP {response.status_code}")
     if kind == "stream" and not (body.endswith(b"end\n") and body.count(b"\n") == 6):
-        raise _Lost(f"stream on {target.label}: truncated after {body.count(b'chunk')} chunks")
+        raise _LostError(f"stream on {target.label}: truncated after {body.count(b'chunk')} chunks")
     return "ok"
 
 
@@ -116,7 +116,7 @@ async def _one(router: Router, tally: HttpTally, rng: random.Random) -> None:
     for _ in range(MAX_ATTEMPTS):
         try:
             outcome = await _attempt(target, kind, rng)
-        except _Lost as lost:
+        except _LostError as lost:
             tally.lost += 1
             tally.problems.append(str(lost))
             return

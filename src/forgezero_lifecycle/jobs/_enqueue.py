@@ -17,7 +17,7 @@ from typing import Any, Final, final
 
 import orjson
 
-from .._errors import JobInvalid
+from .._errors import JobInvalidError
 from .store import Job
 
 __all__ = [
@@ -79,15 +79,17 @@ def payload_json(payload: Mapping[str, Any]) -> str:
     Only JSON data passes (see :func:`check_json_data`), at most :data:`MAX_PAYLOAD_BYTES`.
     """
     if not isinstance(payload, Mapping):
-        raise JobInvalid(detail=f"a job payload must be a mapping, not {type(payload).__name__}")
+        raise JobInvalidError(
+            detail=f"a job payload must be a mapping, not {type(payload).__name__}"
+        )
     data = dict(payload)
     check_json_data(data)
     try:
         text = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError as error:
-        raise JobInvalid(detail=f"a job payload must be JSON data: {error}") from None
+        raise JobInvalidError(detail=f"a job payload must be JSON data: {error}") from None
     if len(text) > MAX_PAYLOAD_BYTES:
-        raise JobInvalid(
+        raise JobInvalidError(
             detail=f"a job payload is at most {MAX_PAYLOAD_BYTES} bytes of JSON, got {len(text)}; "
             "store large data elsewhere and enqueue a reference to it"
         )
@@ -111,23 +113,25 @@ def check_json_data(data: object) -> None:
             continue
         if isinstance(value, str):
             if "\x00" in value:
-                raise JobInvalid(detail=f"{where} holds a NUL character, which jobs cannot store")
+                raise JobInvalidError(
+                    detail=f"{where} holds a NUL character, which jobs cannot store"
+                )
         elif isinstance(value, float):
             if not math.isfinite(value):
-                raise JobInvalid(detail=f"{where} is {value!r}, which JSON cannot carry")
+                raise JobInvalidError(detail=f"{where} is {value!r}, which JSON cannot carry")
         elif isinstance(value, dict):
             for key, item in value.items():
                 if not isinstance(key, str):
-                    raise JobInvalid(
+                    raise JobInvalidError(
                         detail=f"{where} has a {type(key).__name__} key; JSON keys are str"
                     )
                 if "\x00" in key:
-                    raise JobInvalid(detail=f"{where} has a key with a NUL character")
+                    raise JobInvalidError(detail=f"{where} has a key with a NUL character")
                 pending.append((item, f"{where}[{key[:40]!r}]"))
         elif isinstance(value, list | tuple):
             pending.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
         else:
-            raise JobInvalid(
+            raise JobInvalidError(
                 detail=f"{where} is a {type(value).__name__}, not JSON data; convert it first "
                 "(str(uuid), datetime.isoformat(), dataclasses.asdict(...))"
             )
@@ -190,7 +194,7 @@ def prepare_enqueue(
     delay: float,
     max_attempts: int,
 ) -> Enqueue:
-    """What every store does first: refuse bad arguments (JobInvalid), encode and hash.
+    """What every store does first: refuse bad arguments (JobInvalidError), encode and hash.
 
     The checks are the same for every store, so a deterministic input error is always
     ``JOB_INVALID`` and never reaches a database (where it could look like
@@ -225,14 +229,14 @@ def prepare_enqueue_many(
     item or not at all).
     """
     if isinstance(payloads, Mapping | str | bytes) or not isinstance(payloads, Sequence):
-        raise JobInvalid(
+        raise JobInvalidError(
             detail=f"enqueue_many takes a sequence of payloads, not {type(payloads).__name__}"
         )
     keys: Sequence[str | None] = (
         [None] * len(payloads) if idempotency_keys is None else idempotency_keys
     )
     if isinstance(keys, str) or len(keys) != len(payloads):
-        raise JobInvalid(detail="idempotency_keys must be a sequence as long as payloads")
+        raise JobInvalidError(detail="idempotency_keys must be a sequence as long as payloads")
     check_enqueue(queue, delay, max_attempts)
     return [_prepare_item(queue, payload, key) for payload, key in zip(payloads, keys, strict=True)]
 
@@ -240,30 +244,38 @@ def prepare_enqueue_many(
 def check_enqueue(queue: str, delay: float, max_attempts: int) -> None:
     """Reject malformed enqueue arguments before touching the store."""
     if not isinstance(queue, str) or not queue:
-        raise JobInvalid(detail="a job needs a non-empty queue (handler) name")
+        raise JobInvalidError(detail="a job needs a non-empty queue (handler) name")
     _check_text(queue, "the queue name", MAX_QUEUE_NAME_BYTES)
     if isinstance(delay, bool) or not isinstance(delay, int | float):
-        raise JobInvalid(detail=f"delay must be a number of seconds, not {type(delay).__name__}")
+        raise JobInvalidError(
+            detail=f"delay must be a number of seconds, not {type(delay).__name__}"
+        )
     if not 0 <= delay <= MAX_DELAY_SECONDS:
-        raise JobInvalid(
+        raise JobInvalidError(
             detail=f"delay must be between 0 and {MAX_DELAY_SECONDS} seconds (10 years), "
             f"got {delay!r}"
         )
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-        raise JobInvalid(detail=f"max_attempts must be an int, not {type(max_attempts).__name__}")
+        raise JobInvalidError(
+            detail=f"max_attempts must be an int, not {type(max_attempts).__name__}"
+        )
     if not 1 <= max_attempts <= MAX_ATTEMPTS:
-        raise JobInvalid(detail=f"max_attempts must be 1 to {MAX_ATTEMPTS}, got {max_attempts!r}")
+        raise JobInvalidError(
+            detail=f"max_attempts must be 1 to {MAX_ATTEMPTS}, got {max_attempts!r}"
+        )
 
 
 def _check_text(text: object, what: str, limit: int) -> None:
     """A name or key every store can index: a str, valid UTF-8, no NUL, at most ``limit`` bytes."""
     if not isinstance(text, str) or not text:
-        raise JobInvalid(detail=f"{what} must be a non-empty str")
+        raise JobInvalidError(detail=f"{what} must be a non-empty str")
     if "\x00" in text:
-        raise JobInvalid(detail=f"{what} holds a NUL character")
+        raise JobInvalidError(detail=f"{what} holds a NUL character")
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
-        raise JobInvalid(detail=f"{what} holds a lone surrogate (not valid Unicode text)") from None
+        raise JobInvalidError(
+            detail=f"{what} holds a lone surrogate (not valid Unicode text)"
+        ) from None
     if size > limit:
-        raise JobInvalid(detail=f"{what} is at most {limit} bytes of UTF-8, got {size}")
+        raise JobInvalidError(detail=f"{what} is at most {limit} bytes of UTF-8, got {size}")

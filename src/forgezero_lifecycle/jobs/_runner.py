@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, final
 
-from .._errors import JobHandlerUnknown, LeaseLostError
+from .._errors import JobHandlerUnknownError, LeaseLostError
 from ._batcher import CompletionBatcher
 from ._outcome import result_json
 from .store import ConnT, JobStore, Lease
@@ -130,7 +130,9 @@ class JobRunner(Generic[ConnT]):
         try:
             handler = self.handlers.get(lease.job.queue)
             if handler is None:
-                raise JobHandlerUnknown(detail=f"no handler is registered for {lease.job.queue!r}")
+                raise JobHandlerUnknownError(
+                    detail=f"no handler is registered for {lease.job.queue!r}"
+                )
             result = await handler(lease)
             if not lease.settled:
                 result_json(result)  # a result that is not JSON fails this job, not its batch

@@ -16,7 +16,7 @@ from typing import Any, final
 
 import orjson
 
-from .._errors import IdempotencyConflict, JobStateError, LeaseLostError
+from .._errors import IdempotencyConflictError, JobStateError, LeaseLostError
 from ._enqueue import Enqueue, Listeners, prepare_enqueue, prepare_enqueue_many, queued_job
 from ._outcome import error_text
 from .store import Job, JobStats, Lease
@@ -167,7 +167,7 @@ class MemoryJobStore:
             if existing is None and key in new:
                 existing, first_digest = new[key]
                 if first_digest != digest:
-                    raise IdempotencyConflict(
+                    raise IdempotencyConflictError(
                         detail=f"idempotency key {key!r} was used for a different queue or payload"
                     )
             if existing is None:
@@ -203,7 +203,7 @@ class MemoryJobStore:
         if job_id is None:
             return None
         if self._hashes[job_id] != digest:
-            raise IdempotencyConflict(
+            raise IdempotencyConflictError(
                 detail=f"idempotency key {key!r} was used for a different queue or payload"
             )
         return self._jobs[job_id]

@@ -37,7 +37,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 import orjson
 
-from .._errors import ConfigurationError, IdempotencyConflict, JobStoreError, LeaseLostError
+from .._errors import ConfigurationError, IdempotencyConflictError, JobStoreError, LeaseLostError
 from . import _pg_sql
 from ._enqueue import Enqueue, Listeners, prepare_enqueue, prepare_enqueue_many, queued_job
 from ._outcome import error_text, result_json
@@ -68,8 +68,8 @@ def _stored(found: tuple[Any, ...] | None, key: str, digest: str) -> Job:
     return row_to_job(found[:-1])
 
 
-def _conflict(key: str) -> IdempotencyConflict:
-    return IdempotencyConflict(
+def _conflict(key: str) -> IdempotencyConflictError:
+    return IdempotencyConflictError(
         detail=f"idempotency key {key!r} was used for a different queue or payload"
     )
 

@@ -29,7 +29,7 @@ import orjson
 
 from .._errors import (
     ConfigurationError,
-    IdempotencyConflict,
+    IdempotencyConflictError,
     JobStateError,
     JobStoreError,
     LeaseLostError,
@@ -304,8 +304,8 @@ def _resolve(
     return jobs
 
 
-def _conflict(key: str) -> IdempotencyConflict:
-    return IdempotencyConflict(
+def _conflict(key: str) -> IdempotencyConflictError:
+    return IdempotencyConflictError(
         detail=f"idempotency key {key!r} was used for a different queue or payload"
     )
 

@@ -154,7 +154,7 @@ class JobStore(Protocol[ConnT]):
     ) -> Job:
         """Add a job, or return the existing one with the same key and the same payload.
 
-        Raises :class:`IdempotencyConflict` when the key exists with a different queue or
+        Raises :class:`IdempotencyConflictError` when the key exists with a different queue or
         payload. With ``conn`` (from :meth:`transaction` or a completion) the insert is part of
         that transaction. Works while a worker drains: the job waits for the next generation.
         """
@@ -174,7 +174,7 @@ class JobStore(Protocol[ConnT]):
 
         Each item is checked and deduplicated exactly as :meth:`enqueue` does it (its key from
         ``idempotency_keys``, same length as ``payloads``, or generated); the jobs come back
-        in the order of ``payloads``. An :class:`IdempotencyConflict` on any item writes
+        in the order of ``payloads``. An :class:`IdempotencyConflictError` on any item writes
         nothing. With ``conn`` the batch is part of that transaction.
         """
         ...

@@ -23,7 +23,7 @@ from typing import Any, Final, final
 
 import orjson
 
-__all__ = ["MAX_MESSAGE_BYTES", "Channel", "ChannelClosed", "Handler", "read_frame_blocking"]
+__all__ = ["MAX_MESSAGE_BYTES", "Channel", "ChannelClosedError", "Handler", "read_frame_blocking"]
 
 logger = logging.getLogger("forgezero_lifecycle.serve.channel")
 
@@ -36,7 +36,7 @@ Message = dict[str, Any]
 Handler = Callable[[Message], Awaitable[Message | None]]
 
 
-class ChannelClosed(ConnectionError):
+class ChannelClosedError(ConnectionError):
     """The process on the other end is gone (end of file, or the channel was closed)."""
 
 
@@ -50,10 +50,10 @@ def read_frame_blocking(sock: socket.socket) -> Message:
     header = _recv_exactly(sock, _HEADER.size)
     (length,) = _HEADER.unpack(header)
     if length > MAX_MESSAGE_BYTES:
-        raise ChannelClosed(f"a {length}-byte message is over the limit")
+        raise ChannelClosedError(f"a {length}-byte message is over the limit")
     message = orjson.loads(_recv_exactly(sock, length))
     if not isinstance(message, dict):
-        raise ChannelClosed("a message is not a JSON object")
+        raise ChannelClosedError("a message is not a JSON object")
     return message
 
 
@@ -62,7 +62,7 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
     while len(data) < size:
         chunk = sock.recv(size - len(data))
         if not chunk:
-            raise ChannelClosed("end of file")
+            raise ChannelClosedError("end of file")
         data += chunk
     return bytes(data)
 
@@ -99,7 +99,7 @@ class Channel:
     async def request(self, op: str, timeout: float = 10.0, **fields: Any) -> Message:
         """Send request ``op`` and wait (bounded) for its answer."""
         if self.closed.is_set():
-            raise ChannelClosed("the channel is closed")
+            raise ChannelClosedError("the channel is closed")
         self._next_id += 1
         number = self._next_id
         answer: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
@@ -124,7 +124,7 @@ class Channel:
             self._writer.close()
         for answer in self._waiting.values():
             if not answer.done():
-                answer.set_exception(ChannelClosed("the other process is gone"))
+                answer.set_exception(ChannelClosedError("the other process is gone"))
 
     async def _read_loop(self) -> None:
         try:

@@ -33,7 +33,7 @@ from ..asgi._paths import app_path
 from ..asgi._types import ASGIApp, Message, Receive, Scope, Send
 from ..asgi.control import MAX_CONTROL_BODY_BYTES, ControlApp
 from ..wire import paths
-from .channel import Channel, ChannelClosed
+from .channel import Channel, ChannelClosedError
 from .handovers import HandoverLog
 from .options import ServeOptions
 
@@ -93,7 +93,7 @@ class GenerationControl:
         }
         try:
             answer = await self._channel.request("control", timeout=30.0, request=forwarded)
-        except (ChannelClosed, TimeoutError):
+        except (ChannelClosedError, TimeoutError):
             answer = {"status": 503, "headers": [], "body": _UNAVAILABLE.decode("latin-1")}
         await discard_body(scope, receive)
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer["headers"]]

@@ -20,14 +20,14 @@ import socket
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, final
 
-from .._errors import DrainFailed
+from .._errors import DrainFailedError
 from ..core.drain import DrainController
 from ..wire.accepted import Accepted
 from ..wire.drain import DrainRequest, WorkCounters
 from .forwarding import ForwardedControl
 from .handovers import HandoverLog
 from .options import ServeOptions
-from .process import COUNTER_KINDS, StartFailed, WorkerProcess
+from .process import COUNTER_KINDS, StartFailedError, WorkerProcess
 
 __all__ = ["Generation"]
 
@@ -82,7 +82,7 @@ class Generation:
         }
 
     async def start(self) -> None:
-        """Start every worker; raise :class:`StartFailed` unless all are ready in time."""
+        """Start every worker; raise :class:`StartFailedError` unless all are ready in time."""
         await asyncio.gather(*(self.start_worker(worker) for worker in self.workers))
         reported = {worker.revision for worker in self.workers}
         if self.controller.revision is None and len(reported) == 1:
@@ -114,7 +114,7 @@ class Generation:
             why = f"was not ready within {self._options.start_timeout:g} s"
         if worker.detail:
             why += f": {worker.detail}"
-        raise StartFailed(f"{worker.name} {why}")
+        raise StartFailedError(f"{worker.name} {why}")
 
     def worker_exited(self, worker: WorkerProcess) -> None:
         self.changed()
@@ -169,7 +169,7 @@ class Generation:
                 if worker.state == "failed" or (
                     worker.exited.is_set() and worker.state != "drained"
                 ):
-                    raise DrainFailed("RUNTIME_DRAIN_FAILED", detail=f"{worker.name} failed")
+                    raise DrainFailedError("RUNTIME_DRAIN_FAILED", detail=f"{worker.name} failed")
             if all(worker.state == "drained" for worker in self.workers):
                 return
             await self._changed.wait()

@@ -16,12 +16,12 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, final
 
-from .channel import Channel, ChannelClosed
+from .channel import Channel, ChannelClosedError
 
 if TYPE_CHECKING:
     from .generation import Generation
 
-__all__ = ["COUNTER_KINDS", "StartFailed", "WorkerProcess", "exit_reason"]
+__all__ = ["COUNTER_KINDS", "StartFailedError", "WorkerProcess", "exit_reason"]
 
 logger = logging.getLogger("forgezero_lifecycle.serve.supervisor")
 
@@ -30,7 +30,7 @@ COUNTER_KINDS: Final = ("http", "websocket", "jobs", "schedules")
 COMMAND_TIMEOUT: Final = 10.0
 
 
-class StartFailed(Exception):
+class StartFailedError(Exception):
     """A generation could not start: one of its workers died or was not ready in time."""
 
 
@@ -135,7 +135,7 @@ class WorkerProcess:
             return {"error": "RUNTIME_WORKER_GONE"}
         try:
             answer = await self.channel.request(op, timeout=COMMAND_TIMEOUT, **fields)
-        except (ChannelClosed, TimeoutError):
+        except (ChannelClosedError, TimeoutError):
             return {"error": "RUNTIME_WORKER_GONE"}
         if isinstance(answer.get("inFlight"), dict):
             self.in_flight = answer["inFlight"]

@@ -52,7 +52,7 @@ from .handoff import hand_state_over, state_refusal
 from .handovers import Handover, HandoverLog
 from .listeners import Listener, held_listeners
 from .options import ServeOptions, read_revision
-from .process import StartFailed, WorkerProcess
+from .process import StartFailedError, WorkerProcess
 from .server import SHUTDOWN_MARGIN, _log_config
 from .sockets import accept_queue_length, refuse_new_connections
 
@@ -149,7 +149,7 @@ class Supervisor:
             generation = self._new_generation(self._first_revision)
             try:
                 await generation.start()
-            except StartFailed as error:
+            except StartFailedError as error:
                 logger.error("supervisor.start_failed: %s", error)
                 await generation.stop(UNREADY_STOP_BOUND)
                 return 1
@@ -247,7 +247,7 @@ class Supervisor:
             fresh = generation.replace(lost)
             try:
                 await generation.start_worker(fresh)
-            except StartFailed as error:
+            except StartFailedError as error:
                 logger.error("supervisor.replacement_failed: %s", error)
                 fresh.stopping = True
                 fresh.signal(signal.SIGKILL)
@@ -295,7 +295,7 @@ class Supervisor:
         )
         try:
             await new.start()
-        except StartFailed as error:
+        except StartFailedError as error:
             await new.stop(UNREADY_STOP_BOUND)
             logger.error("supervisor.handover_aborted: %s; %r keeps serving", error, old)
             return f"generation {new.number} did not start: {error}"

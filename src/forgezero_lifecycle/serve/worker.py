@@ -44,7 +44,7 @@ import uvicorn
 from .._errors import LifecycleError
 from ..runtime import Runtime
 from ..wire import paths
-from .channel import Channel, ChannelClosed, read_frame_blocking
+from .channel import Channel, ChannelClosedError, read_frame_blocking
 from .command import load_app
 from .forwarding import GenerationControl
 from .options import ServeOptions
@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     channel_sock = socket.socket(fileno=args.channel_fd)
     try:
         config = read_frame_blocking(channel_sock)
-    except (ChannelClosed, OSError):
+    except (ChannelClosedError, OSError):
         return 1
     fields = {f.name for f in dataclasses.fields(ServeOptions)}
     options = ServeOptions(**{k: v for k, v in config["options"].items() if k in fields})

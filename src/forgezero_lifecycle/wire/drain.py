@@ -9,7 +9,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from .._errors import DrainCountersInvalid, DrainNotFound, DrainRequestInvalid
+from .._errors import DrainCountersInvalidError, DrainNotFoundError, DrainRequestInvalidError
 from ._protocol import DRAIN_PROTOCOL, MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainState
 from ._types import WIRE_CONFIG, Nonce, Revision, SafeInt, first_problem, safe_int
 
@@ -87,11 +87,11 @@ def parse_drain_request(data: object) -> DrainRequest:
     if isinstance(data, DrainRequest):
         return data
     if not isinstance(data, Mapping):
-        raise DrainRequestInvalid(detail="the drain request must be a JSON object")
+        raise DrainRequestInvalidError(detail="the drain request must be a JSON object")
     try:
         return DrainRequest.model_validate(data, by_alias=True, by_name=False)
     except ValidationError as error:
-        raise DrainRequestInvalid(detail=first_problem(error)) from None
+        raise DrainRequestInvalidError(detail=first_problem(error)) from None
 
 
 def parse_rollback_request(data: object) -> RollbackRequest:
@@ -102,11 +102,11 @@ def parse_rollback_request(data: object) -> RollbackRequest:
     """
     nonce = data.get("nonce") if isinstance(data, Mapping) else None
     if nonce is None:
-        raise DrainNotFound(detail='the body must name the drain: {"nonce": "..."}')
+        raise DrainNotFoundError(detail='the body must name the drain: {"nonce": "..."}')
     try:
         return RollbackRequest.model_validate({"nonce": nonce})
     except ValidationError:
-        raise DrainNotFound(detail="the nonce must be 43 base64url characters") from None
+        raise DrainNotFoundError(detail="the nonce must be 43 base64url characters") from None
 
 
 _COUNTER_KINDS: Final = ("http", "websocket", "jobs", "schedules")
@@ -117,14 +117,16 @@ def validate_counters(value: Any) -> WorkCounters:
     if isinstance(value, WorkCounters):
         return value
     if not isinstance(value, Mapping):
-        raise DrainCountersInvalid(detail="work counters must be a mapping")
+        raise DrainCountersInvalidError(detail="work counters must be a mapping")
     counts: dict[str, int] = {}
     for kind in _COUNTER_KINDS:
         try:
             count = safe_int(value[kind])
         except (KeyError, ValueError):
-            raise DrainCountersInvalid(detail=f"counter {kind!r} is not an integer ≥ 0") from None
+            raise DrainCountersInvalidError(
+                detail=f"counter {kind!r} is not an integer ≥ 0"
+            ) from None
         if count < 0:
-            raise DrainCountersInvalid(detail=f"counter {kind!r} is not an integer ≥ 0")
+            raise DrainCountersInvalidError(detail=f"counter {kind!r} is not an integer ≥ 0")
         counts[kind] = count
     return WorkCounters(**counts)
