@@ -494,7 +494,7 @@ async def test_participant_drain_outlasts_its_timeout_without_cancelling(
 
 
 @pytest.mark.anyio
-async def test_run_now_is_refused_while_a_drain_holds_intake_closed(
+async def test_run_now_is_refused_while_a_drain_holds_intake_paused(
     clock: ManualClock, scheduler: Scheduler
 ) -> None:
     """Nothing is admitted after the drain closes intake: run_now raises, no run starts."""
@@ -507,7 +507,7 @@ async def test_run_now_is_refused_while_a_drain_holds_intake_closed(
         await scheduler.run_now("report")
     assert caught.value.code == "SCHEDULE_INTAKE_PAUSED"
     assert job.runs == 0
-    assert scheduler.status().intake_closed
+    assert scheduler.status().intake_paused
     participant.resume_intake()
     await scheduler.run_now("report")
     assert job.runs == 1

@@ -14,9 +14,10 @@ Rules:
   tick from the resume time (``resume + every``, or the first cron time after ``now()``).
 * A job never overlaps itself: a tick that finds the previous run still going is skipped and
   counted in ``skipped_overlaps``; ``run_now`` on a running job waits for that run instead.
-* A drain closes the scheduler's intake (:meth:`Scheduler.close_intake`): no tick fires and
-  ``run_now`` raises :class:`ScheduleIntakePausedError` until :meth:`Scheduler.reopen_intake`. This is
-  separate from an operator's ``pause()``, which a rollback does not undo.
+* A drain pauses the scheduler's intake (:meth:`Scheduler.pause_intake`, the participant
+  protocol's word): no tick fires and ``run_now`` raises :class:`ScheduleIntakePausedError` until
+  :meth:`Scheduler.resume_intake`. This is separate from an operator's ``pause()``, which a
+  rollback does not undo.
 * An exception in a job never stops the scheduler: it is logged on the
   ``forgezero_lifecycle.scheduler`` logger and recorded in the job's status
   (``last_result="error"``, ``last_error``, ``consecutive_failures``, reset by the next success).
@@ -82,7 +83,7 @@ class SchedulerStatus:
 
     started: bool
     paused: bool
-    intake_closed: bool
+    intake_paused: bool
     running: int
     jobs: tuple[ScheduledJobStatus, ...]
 
@@ -132,7 +133,7 @@ class Scheduler:
         self._timers: set[asyncio.Task[None]] = set()
         self._started = False
         self._paused = False
-        self._intake_closed = False
+        self._intake_paused = False
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -229,22 +230,22 @@ class Scheduler:
         for job in self._jobs.values():
             self._arm(job)
 
-    def close_intake(self) -> None:
+    def pause_intake(self) -> None:
         """A drain's fence: no tick fires and ``run_now`` is refused; running runs finish."""
-        self._intake_closed = True
+        self._intake_paused = True
         for job in self._jobs.values():
             self._disarm(job)
 
-    def reopen_intake(self) -> None:
-        """Undo :meth:`close_intake` (rollback); an operator's :meth:`pause` stays in force."""
-        self._intake_closed = False
+    def resume_intake(self) -> None:
+        """Undo :meth:`pause_intake` (rollback); an operator's :meth:`pause` stays in force."""
+        self._intake_paused = False
         for job in self._jobs.values():
             self._arm(job)
 
     async def run_now(self, name: str) -> ScheduledJobStatus:
         """Run ``name`` now (or wait for its run in progress) and return its status after it."""
         job = self._job(name)
-        if self._intake_closed:
+        if self._intake_paused:
             raise ScheduleIntakePausedError(
                 detail="the runtime is draining; run it on the new generation"
             )
@@ -257,7 +258,7 @@ class Scheduler:
         return SchedulerStatus(
             started=self._started,
             paused=self._paused,
-            intake_closed=self._intake_closed,
+            intake_paused=self._intake_paused,
             running=self.in_flight(),
             jobs=tuple(self._status_of(job) for job in self._jobs.values()),
         )
@@ -289,7 +290,7 @@ class Scheduler:
             raise ScheduleNotFoundError(detail=f"no job named {name!r} is scheduled") from None
 
     def _arm(self, job: _Job) -> None:
-        if not self._started or self._paused or self._intake_closed or job.timer is not None:
+        if not self._started or self._paused or self._intake_paused or job.timer is not None:
             return
         if job.every is not None:
             job.next_due = self._clock.monotonic() + job.every
@@ -418,7 +419,7 @@ class SchedulerParticipant:
         return self._scheduler.in_flight()
 
     def pause_intake(self) -> None:
-        self._scheduler.close_intake()
+        self._scheduler.pause_intake()
 
     async def drain(self, timeout: float) -> None:
         """Wait for running runs to end; they are never cancelled here.
@@ -429,4 +430,4 @@ class SchedulerParticipant:
         await self._scheduler.when_idle()
 
     def resume_intake(self) -> None:
-        self._scheduler.reopen_intake()
+        self._scheduler.resume_intake()
