@@ -162,7 +162,7 @@ async def test_order_and_width_hold_while_the_queue_and_keys_are_paused_and_resu
     for key_number in range(4):
         queue.resume_key(f"k{key_number}")
     await asyncio.gather(*tasks)
-    await queue.when_idle()
+    await queue.wait_idle()
     assert tracker.executed == tracker.submitted
     assert tracker.peak <= width
     snap = queue.snapshot()
@@ -335,8 +335,8 @@ async def test_refused_submissions_leave_no_task_future_or_warning_behind() -> N
 
 
 @pytest.mark.anyio
-async def test_intake_pause_then_when_idle_then_resume_is_an_exact_reversible_boundary() -> None:
-    """While intake is paused accepted work finishes, when_idle returns, and resume reopens."""
+async def test_intake_pause_then_wait_idle_then_resume_is_an_exact_reversible_boundary() -> None:
+    """While intake is paused accepted work finishes, wait_idle returns, and resume reopens."""
     queue = KeyedQueue()
     blocker = Blocker()
     accepted = [asyncio.create_task(queue.run("a", blocker, n)) for n in ("a1", "a2")]
@@ -346,7 +346,7 @@ async def test_intake_pause_then_when_idle_then_resume_is_an_exact_reversible_bo
     with pytest.raises(QueueIntakePausedError) as refused:
         await queue.run("b", _ok, 1)
     assert refused.value.code == "QUEUE_INTAKE_PAUSED"
-    idle = asyncio.create_task(queue.when_idle())
+    idle = asyncio.create_task(queue.wait_idle())
     await settle()
     assert not idle.done()
     blocker.release("a1")
@@ -372,9 +372,9 @@ async def test_resume_intake_after_stop_does_nothing() -> None:
 
 
 @pytest.mark.anyio
-async def test_when_idle_returns_at_once_on_an_idle_queue() -> None:
+async def test_wait_idle_returns_at_once_on_an_idle_queue() -> None:
     """An idle queue has nothing to wait for."""
-    waiting = asyncio.ensure_future(KeyedQueue().when_idle())
+    waiting = asyncio.ensure_future(KeyedQueue().wait_idle())
     await asyncio.sleep(0)  # one turn of the loop, no more
     assert waiting.done()
     await waiting
@@ -397,7 +397,7 @@ async def test_abort_cancels_queued_work_and_lets_running_work_finish() -> None:
         await queue.run("c", _ok, 1)
     blocker.release("a1")
     assert await running == "a1"
-    await queue.when_idle()
+    await queue.wait_idle()
     assert blocker.started == ["a1"]
 
 
@@ -503,7 +503,7 @@ async def test_cancelling_the_only_waiter_of_an_idle_key_removes_the_key() -> No
     assert (queue.snapshot().keys, queue.snapshot().queued) == (1, 0)
     blocker.release("a1")
     assert await running == "a1"
-    await queue.when_idle()
+    await queue.wait_idle()
 
 
 @pytest.mark.anyio

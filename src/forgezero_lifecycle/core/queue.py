@@ -14,7 +14,7 @@ over :class:`QueueKeyStoppedError` (after :meth:`stop_key`). :meth:`pause` and :
 hold work instead of refusing it.
 
 The intake pause is the handoff fence: accepted work continues, nothing new is admitted, so
-:meth:`when_idle` is an exact boundary, and :meth:`resume_intake` reverses it (except after
+:meth:`wait_idle` is an exact boundary, and :meth:`resume_intake` reverses it (except after
 :meth:`stop`, which is final).
 """
 
@@ -216,19 +216,15 @@ class KeyedQueue:
         self._check_idle()
         return cancelled
 
-    async def when_idle(self) -> None:
+    async def wait_idle(self) -> None:
         """Return once nothing is running or queued (at once if that is already so)."""
         await self._idle.wait()
-
-    async def wait_idle(self, timeout: float) -> bool:
-        """:meth:`when_idle` bounded by ``timeout`` seconds on the clock; True if idle."""
-        return await wait_event(self._idle, self._clock, timeout)
 
     async def drain(self, timeout: float) -> QueueDrainReport:
         """Stop, wait up to ``timeout`` seconds for accepted work, then cancel what is queued."""
         finished_before = self._completed + self._failed
         self.stop()
-        idle = await self.wait_idle(timeout)
+        idle = await wait_event(self._idle, self._clock, timeout)
         cancelled = 0 if idle else self.abort()
         return QueueDrainReport(
             completed=self._completed + self._failed - finished_before,
@@ -359,13 +355,13 @@ class QueueParticipant:
         self._queue.pause_intake()
 
     async def drain(self, timeout: float) -> None:
-        """Wait for :meth:`KeyedQueue.when_idle`; queued work is kept and never cancelled.
+        """Wait for :meth:`KeyedQueue.wait_idle`; queued work is kept and never cancelled.
 
         Memory work cannot be handed to the next generation, so this waits past ``timeout``
         and lets the drain's own deadline decide (failed ``RUNTIME_DRAIN_TIMEOUT``, with the
         work still counted under ``jobs``).
         """
-        await self._queue.when_idle()
+        await self._queue.wait_idle()
 
     def resume_intake(self) -> None:
         self._queue.resume_intake()

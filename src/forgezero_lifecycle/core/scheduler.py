@@ -203,7 +203,7 @@ class Scheduler:
         for job in self._jobs.values():
             self._disarm(job)
         runs = [job.run for job in self._jobs.values() if job.run is not None and job.running]
-        if runs and (timeout is None or not await self.wait_idle(timeout)):
+        if runs and (timeout is None or not await wait_event(self._idle, self._clock, timeout)):
             if timeout is not None:
                 for run in runs:
                     run.cancel()
@@ -271,13 +271,9 @@ class Scheduler:
         """How many runs are going now."""
         return sum(1 for job in self._jobs.values() if job.running)
 
-    async def when_idle(self) -> None:
-        """Return once no run is going."""
+    async def wait_idle(self) -> None:
+        """Return once no run is going (at once if none is)."""
         await self._idle.wait()
-
-    async def wait_idle(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds on the clock for no run to be going; True if so."""
-        return await wait_event(self._idle, self._clock, timeout)
 
     def participant(self) -> SchedulerParticipant:
         """This scheduler as a drain :class:`~.participant.WorkParticipant` (``schedules``)."""
@@ -427,7 +423,7 @@ class SchedulerParticipant:
         A run cannot be handed to the next generation, so this waits past ``timeout`` and lets
         the drain's own deadline decide (failed, with the run counted under ``schedules``).
         """
-        await self._scheduler.when_idle()
+        await self._scheduler.wait_idle()
 
     def resume_intake(self) -> None:
         self._scheduler.resume_intake()
