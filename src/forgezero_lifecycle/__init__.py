@@ -85,7 +85,7 @@ if TYPE_CHECKING:
     from .core.queue import KeyedQueue as KeyedQueue
     from .core.queue import QueueDrainReport as QueueDrainReport
     from .core.queue import QueueParticipant as QueueParticipant
-    from .core.queue import QueueSnapshot as QueueSnapshot
+    from .core.queue import QueueStatistics as QueueStatistics
     from .core.scheduler import ScheduledJobStatus as ScheduledJobStatus
     from .core.scheduler import Scheduler as Scheduler
     from .core.scheduler import SchedulerParticipant as SchedulerParticipant

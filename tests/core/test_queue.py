@@ -18,7 +18,7 @@ from forgezero_lifecycle._errors import (
     TaskCancelledError,
 )
 from forgezero_lifecycle.core.participant import WorkParticipant
-from forgezero_lifecycle.core.queue import KeyedQueue, QueueDrainReport, QueueSnapshot
+from forgezero_lifecycle.core.queue import KeyedQueue, QueueDrainReport, QueueStatistics
 from forgezero_lifecycle.testing import ManualClock, settle
 
 
@@ -65,8 +65,14 @@ async def test_run_returns_the_handler_result_and_raises_its_exception() -> None
     assert await queue.run("k", _ok, 7) == 7
     with pytest.raises(LookupError, match="handler failed"):
         await queue.run("k", _boom)
-    snap = queue.snapshot()
-    assert (snap.completed, snap.failed, snap.running, snap.queued, snap.keys) == (1, 1, 0, 0, 0)
+    stats = queue.statistics()
+    assert (stats.completed, stats.failed, stats.running, stats.queued, stats.keys) == (
+        1,
+        1,
+        0,
+        0,
+        0,
+    )
 
 
 class _OrderTracker:
@@ -119,8 +125,8 @@ async def test_same_key_runs_in_submission_order_under_random_interleavings(
     await asyncio.gather(*(submit(i, *step) for i, step in enumerate(plan)))
     assert tracker.executed == tracker.submitted
     assert tracker.peak <= width
-    snap = queue.snapshot()
-    assert (snap.running, snap.queued, snap.keys, snap.completed) == (0, 0, 0, len(plan))
+    stats = queue.statistics()
+    assert (stats.running, stats.queued, stats.keys, stats.completed) == (0, 0, 0, len(plan))
 
 
 _OPS = st.lists(
@@ -165,8 +171,8 @@ async def test_order_and_width_hold_while_the_queue_and_keys_are_paused_and_resu
     await queue.wait_idle()
     assert tracker.executed == tracker.submitted
     assert tracker.peak <= width
-    snap = queue.snapshot()
-    assert (snap.running, snap.queued, snap.keys, snap.completed) == (0, 0, 0, len(tasks))
+    stats = queue.statistics()
+    assert (stats.running, stats.queued, stats.keys, stats.completed) == (0, 0, 0, len(tasks))
 
 
 @pytest.mark.anyio
@@ -177,8 +183,8 @@ async def test_different_keys_run_in_parallel_bounded_by_width() -> None:
     tasks = [asyncio.create_task(queue.run(name, blocker, name)) for name in "abcd"]
     await settle()
     assert blocker.started == ["a", "b"]
-    snap = queue.snapshot()
-    assert (snap.running, snap.queued, snap.keys) == (2, 2, 4)
+    stats = queue.statistics()
+    assert (stats.running, stats.queued, stats.keys) == (2, 2, 4)
     blocker.release("a")
     await settle()
     assert blocker.started == ["a", "b", "c"]
@@ -196,8 +202,8 @@ async def test_pause_holds_accepted_submissions_until_resume() -> None:
     task = asyncio.create_task(queue.run("k", _ok, 1))
     await settle()
     assert not task.done()
-    assert queue.snapshot().queued == 1
-    assert queue.snapshot().paused
+    assert queue.statistics().queued == 1
+    assert queue.statistics().paused
     queue.resume()
     assert await task == 1
 
@@ -214,7 +220,7 @@ async def test_pause_key_holds_only_that_key_and_lets_its_running_task_finish() 
     other = asyncio.create_task(queue.run("b", blocker, "b1"))
     await settle()
     assert blocker.started == ["a1", "b1"]
-    assert queue.snapshot().paused_keys == ("a",)
+    assert queue.statistics().paused_keys == ("a",)
     blocker.release("a1")
     blocker.release("b1")
     await settle()
@@ -224,7 +230,7 @@ async def test_pause_key_holds_only_that_key_and_lets_its_running_task_finish() 
     queue.resume_key("a")
     blocker.release("a2")
     assert await held == "a2"
-    assert queue.snapshot().paused_keys == ()
+    assert queue.statistics().paused_keys == ()
 
 
 @pytest.mark.anyio
@@ -240,7 +246,7 @@ async def test_a_key_paused_while_waiting_for_a_slot_does_not_take_the_freed_slo
     await settle()
     assert await first == "a1"
     assert blocker.started == ["a1"]
-    assert (queue.snapshot().running, queue.snapshot().queued) == (0, 1)
+    assert (queue.statistics().running, queue.statistics().queued) == (0, 1)
     queue.resume_key("b")
     blocker.release("b1")
     assert await held == "b1"
@@ -284,7 +290,7 @@ async def test_stop_key_refuses_new_work_for_that_key_while_its_queued_work_runs
     blocker.release("a1")
     blocker.release("a2")
     assert list(await asyncio.gather(first, second)) == ["a1", "a2"]
-    assert queue.snapshot().stopped_keys == ("a",)
+    assert queue.statistics().stopped_keys == ("a",)
 
 
 @pytest.mark.anyio
@@ -312,7 +318,7 @@ async def test_refusals_follow_the_seed_precedence(
         queue.stop()
     with pytest.raises(expected):
         await queue.run("k", _ok, 1)
-    assert queue.snapshot().completed == 0
+    assert queue.statistics().completed == 0
 
 
 @pytest.mark.anyio
@@ -330,8 +336,8 @@ async def test_refused_submissions_leave_no_task_future_or_warning_behind() -> N
     assert len(asyncio.all_tasks()) == tasks_before
     gc.collect()
     await settle()
-    snap = queue.snapshot()
-    assert (snap.queued, snap.keys, snap.completed, snap.failed) == (0, 0, 0, 0)
+    stats = queue.statistics()
+    assert (stats.queued, stats.keys, stats.completed, stats.failed) == (0, 0, 0, 0)
 
 
 @pytest.mark.anyio
@@ -342,7 +348,7 @@ async def test_intake_pause_then_wait_idle_then_resume_is_an_exact_reversible_bo
     accepted = [asyncio.create_task(queue.run("a", blocker, n)) for n in ("a1", "a2")]
     await settle()
     queue.pause_intake()
-    assert queue.snapshot().intake_paused
+    assert queue.statistics().intake_paused
     with pytest.raises(QueueIntakePausedError) as refused:
         await queue.run("b", _ok, 1)
     assert refused.value.code == "QUEUE_INTAKE_PAUSED"
@@ -355,7 +361,7 @@ async def test_intake_pause_then_wait_idle_then_resume_is_an_exact_reversible_bo
     assert [t.result() for t in accepted] == ["a1", "a2"]
     assert queue.in_flight() == 0
     queue.resume_intake()
-    assert not queue.snapshot().intake_paused
+    assert not queue.statistics().intake_paused
     assert await queue.run("b", _ok, 3) == 3
 
 
@@ -366,7 +372,7 @@ async def test_resume_intake_after_stop_does_nothing() -> None:
     queue.pause_intake()
     queue.stop()
     queue.resume_intake()
-    assert queue.snapshot().intake_paused
+    assert queue.statistics().intake_paused
     with pytest.raises(QueueStoppedError):
         await queue.run("k", _ok, 1)
 
@@ -453,7 +459,7 @@ async def test_a_caller_cancelled_while_waiting_leaves_the_queue() -> None:
     await settle()
     second.cancel()
     await settle()
-    assert queue.snapshot().queued == 1
+    assert queue.statistics().queued == 1
     blocker.release("a1")
     blocker.release("a3")
     assert list(await asyncio.gather(first, third)) == ["a1", "a3"]
@@ -485,8 +491,8 @@ async def test_a_waiting_caller_cancelled_just_before_its_turn_is_skipped() -> N
     assert await other == "c1"
     await settle()
     assert waiting[0].cancelled()
-    snap = queue.snapshot()
-    assert (snap.running, snap.queued, snap.keys, snap.completed) == (0, 0, 0, 2)
+    stats = queue.statistics()
+    assert (stats.running, stats.queued, stats.keys, stats.completed) == (0, 0, 0, 2)
 
 
 @pytest.mark.anyio
@@ -497,10 +503,10 @@ async def test_cancelling_the_only_waiter_of_an_idle_key_removes_the_key() -> No
     running = asyncio.create_task(queue.run("a", blocker, "a1"))
     waiting = asyncio.create_task(queue.run("b", blocker, "b1"))
     await settle()
-    assert queue.snapshot().keys == 2
+    assert queue.statistics().keys == 2
     waiting.cancel()
     await settle()
-    assert (queue.snapshot().keys, queue.snapshot().queued) == (1, 0)
+    assert (queue.statistics().keys, queue.statistics().queued) == (1, 0)
     blocker.release("a1")
     assert await running == "a1"
     await queue.wait_idle()
@@ -545,8 +551,8 @@ async def test_cancelling_a_running_caller_counts_a_failure_and_frees_the_key() 
     blocker.release("a2")
     assert await second == "a2"
     assert first.cancelled()
-    snap = queue.snapshot()
-    assert (snap.completed, snap.failed, snap.running) == (1, 1, 0)
+    stats = queue.statistics()
+    assert (stats.completed, stats.failed, stats.running) == (1, 1, 0)
 
 
 @pytest.mark.anyio
@@ -558,8 +564,8 @@ async def test_snapshot_is_a_frozen_copy_with_the_seed_fields() -> None:
     queue.stop_key("s")
     task = asyncio.create_task(queue.run("a", _ok, 1))
     await settle()
-    snap = queue.snapshot()
-    assert snap == QueueSnapshot(
+    stats = queue.statistics()
+    assert stats == QueueStatistics(
         width=3,
         running=0,
         queued=1,
@@ -571,10 +577,10 @@ async def test_snapshot_is_a_frozen_copy_with_the_seed_fields() -> None:
         completed=0,
         failed=0,
     )
-    assert snap.to_dict()["paused_keys"] == ["p"]
+    assert stats.to_dict()["paused_keys"] == ["p"]
     assert queue.width == 3
     with pytest.raises(AttributeError):
-        snap.running = 5  # deliberately writing to a frozen snapshot
+        stats.running = 5  # deliberately writing to a frozen snapshot
     queue.resume()
     assert await task == 1
 

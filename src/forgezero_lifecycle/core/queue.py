@@ -36,7 +36,7 @@ from .._errors import (
 )
 from .participant import ParticipantKind
 
-__all__ = ["KeyedQueue", "QueueDrainReport", "QueueParticipant", "QueueSnapshot"]
+__all__ = ["KeyedQueue", "QueueDrainReport", "QueueParticipant", "QueueStatistics"]
 
 _T = TypeVar("_T")
 _Ts = TypeVarTuple("_Ts")
@@ -44,7 +44,7 @@ _Ts = TypeVarTuple("_Ts")
 
 @final
 @dataclass(frozen=True, slots=True)
-class QueueSnapshot:
+class QueueStatistics:
     """How much is outstanding, for a health endpoint or a drain decision."""
 
     width: int
@@ -232,9 +232,9 @@ class KeyedQueue:
             running=self._running,
         )
 
-    def snapshot(self) -> QueueSnapshot:
+    def statistics(self) -> QueueStatistics:
         """A frozen copy of the counters and flags."""
-        return QueueSnapshot(
+        return QueueStatistics(
             width=self._width,
             running=self._running,
             queued=self._queued,
