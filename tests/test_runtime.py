@@ -88,11 +88,11 @@ async def test_rollback_reopens_queue_scheduler_and_gate() -> None:
     runtime.add(scheduler.participant())
     runtime.drain.begin(drain_request())
     assert queue.statistics().intake_paused
-    assert scheduler.status().intake_paused
+    assert scheduler.statistics().intake_paused
     assert runtime.draining.is_set()
     runtime.drain.rollback(NONCE)
     assert not queue.statistics().intake_paused
-    assert not scheduler.status().intake_paused
+    assert not scheduler.statistics().intake_paused
     assert runtime.gate.is_open
     assert not runtime.draining.is_set()
     assert await queue.run("k", asyncio.sleep, 0) is None

@@ -86,10 +86,10 @@ if TYPE_CHECKING:
     from .core.queue import QueueDrainReport as QueueDrainReport
     from .core.queue import QueueParticipant as QueueParticipant
     from .core.queue import QueueStatistics as QueueStatistics
-    from .core.scheduler import ScheduledJobStatus as ScheduledJobStatus
+    from .core.scheduler import ScheduledJobStatistics as ScheduledJobStatistics
     from .core.scheduler import Scheduler as Scheduler
     from .core.scheduler import SchedulerParticipant as SchedulerParticipant
-    from .core.scheduler import SchedulerStatus as SchedulerStatus
+    from .core.scheduler import SchedulerStatistics as SchedulerStatistics
     from .jobs import Job as Job
     from .jobs import JobState as JobState
     from .jobs import JobStats as JobStats

@@ -178,7 +178,7 @@ class RuntimeCollector(Collector):
             labels=["job"],
         )
         for participant in schedulers:
-            for job in participant.scheduler.status().jobs:
+            for job in participant.scheduler.statistics().jobs:
                 runs.add_metric([job.name], job.runs)
                 failures.add_metric([job.name], job.failures)
                 consecutive.add_metric([job.name], job.consecutive_failures)

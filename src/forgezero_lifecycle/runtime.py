@@ -259,7 +259,7 @@ class Runtime:
         result: list[object] = []
         for participant in self._participants:
             if isinstance(participant, SchedulerParticipant):
-                result.extend(job.to_dict() for job in participant.scheduler.status().jobs)
+                result.extend(job.to_dict() for job in participant.scheduler.statistics().jobs)
         return result
 
     # The drain's steps, called by _Dependencies.

@@ -72,19 +72,19 @@ async def test_interval_job_runs_once_per_period_on_the_manual_clock(
     async with scheduler:
         await clock.advance(9.9)
         assert job.runs == 0
-        assert scheduler.job_status("tick").next_run_at == BASE + timedelta(seconds=10)
+        assert scheduler.job_statistics("tick").next_run_at == BASE + timedelta(seconds=10)
         await clock.advance(0.1)
         assert job.runs == 1
         await clock.advance(20)
         assert job.runs == 3
-        status = scheduler.job_status("tick")
+        status = scheduler.job_statistics("tick")
         assert status.runs == 3
         assert status.last_result == "ok"
         assert status.last_run_at == BASE + timedelta(seconds=30)
         assert status.last_duration == 0.0
         assert status.next_run_at == BASE + timedelta(seconds=40)
-    assert not scheduler.status().started
-    assert scheduler.job_status("tick").next_run_at is None
+    assert not scheduler.statistics().started
+    assert scheduler.job_statistics("tick").next_run_at is None
 
 
 @pytest.mark.anyio
@@ -99,12 +99,12 @@ async def test_pause_stops_ticks_and_lets_the_in_flight_run_finish(
     await clock.advance(10)
     assert scheduler.in_flight() == 1
     scheduler.pause()
-    assert scheduler.status().paused
-    assert scheduler.job_status("slow").next_run_at is None
+    assert scheduler.statistics().paused
+    assert scheduler.job_statistics("slow").next_run_at is None
     job.gate.set()
     await settle()
     assert scheduler.in_flight() == 0
-    assert scheduler.job_status("slow").last_result == "ok"
+    assert scheduler.job_statistics("slow").last_result == "ok"
     await clock.advance(100)
     assert job.runs == 1
 
@@ -121,7 +121,7 @@ async def test_ticks_missed_while_paused_are_not_replayed_after_resume(
     scheduler.pause()
     await clock.advance(100)  # ten ticks would have fallen due
     scheduler.resume()
-    assert scheduler.job_status("tick").next_run_at == BASE + timedelta(seconds=115)
+    assert scheduler.job_statistics("tick").next_run_at == BASE + timedelta(seconds=115)
     await settle()
     assert job.runs == 0
     await clock.advance(9.9)
@@ -178,7 +178,7 @@ async def test_failing_job_counts_consecutive_failures_then_resets_on_success(
     scheduler.start()
     with caplog.at_level(logging.ERROR, logger="forgezero_lifecycle.scheduler"):
         await clock.advance(30)
-    status = scheduler.job_status("flaky")
+    status = scheduler.job_statistics("flaky")
     assert (status.runs, status.failures, status.consecutive_failures) == (3, 3, 3)
     assert status.last_result == "error"
     assert status.last_error == "RuntimeError: run 3 failed"
@@ -189,7 +189,7 @@ async def test_failing_job_counts_consecutive_failures_then_resets_on_success(
     assert records[-1].exc_info is not None
     job.fail = False
     await clock.advance(10)
-    status = scheduler.job_status("flaky")
+    status = scheduler.job_statistics("flaky")
     assert (status.runs, status.failures, status.consecutive_failures) == (4, 3, 0)
     assert (status.last_result, status.last_error) == ("ok", None)
 
@@ -206,7 +206,7 @@ async def test_an_exception_in_one_job_never_stops_the_scheduler(
     async with scheduler:
         await clock.advance(50)
     assert (broken.runs, healthy.runs) == (10, 10)
-    assert scheduler.job_status("healthy").consecutive_failures == 0
+    assert scheduler.job_statistics("healthy").consecutive_failures == 0
 
 
 @pytest.mark.anyio
@@ -220,13 +220,13 @@ async def test_a_tick_that_finds_the_previous_run_going_is_skipped_and_counted(
     scheduler.add("slow", job, every=10)
     scheduler.start()
     await clock.advance(35)  # runs at 10, still going at 20 and 30
-    status = scheduler.job_status("slow")
+    status = scheduler.job_statistics("slow")
     assert (job.runs, status.skipped_overlaps, status.running) == (1, 2, True)
     job.gate.set()
     await settle()
     job.gate = None
     await clock.advance(5)  # tick at 40 finds it finished
-    status = scheduler.job_status("slow")
+    status = scheduler.job_statistics("slow")
     assert (job.runs, status.runs, status.skipped_overlaps, status.running) == (2, 2, 2, False)
     assert status.last_duration == 0.0
 
@@ -239,15 +239,15 @@ async def test_cron_job_next_run_comes_from_the_injected_now(clock: ManualClock)
     job = Counter()
     scheduler.add("report", job, cron="*/5 * * * *")
     scheduler.start()
-    status = scheduler.job_status("report")
+    status = scheduler.job_statistics("report")
     assert (status.cron, status.every) == ("*/5 * * * *", None)
     assert status.next_run_at == datetime(2030, 1, 1, 0, 5, tzinfo=UTC)
     await clock.advance(209.9)
     assert job.runs == 0
     await clock.advance(0.1)
     assert job.runs == 1
-    assert scheduler.job_status("report").last_run_at == datetime(2030, 1, 1, 0, 5, tzinfo=UTC)
-    assert scheduler.job_status("report").next_run_at == datetime(2030, 1, 1, 0, 10, tzinfo=UTC)
+    assert scheduler.job_statistics("report").last_run_at == datetime(2030, 1, 1, 0, 5, tzinfo=UTC)
+    assert scheduler.job_statistics("report").next_run_at == datetime(2030, 1, 1, 0, 10, tzinfo=UTC)
     await clock.advance(600)
     assert job.runs == 3
     await scheduler.stop()
@@ -266,7 +266,7 @@ async def test_cron_ticks_missed_while_paused_are_not_replayed(
     scheduler.resume()
     await settle()
     assert job.runs == 0
-    assert scheduler.job_status("report").next_run_at == BASE + timedelta(hours=1, minutes=5)
+    assert scheduler.job_statistics("report").next_run_at == BASE + timedelta(hours=1, minutes=5)
     await clock.advance(240)
     assert job.runs == 1
 
@@ -280,7 +280,7 @@ async def test_cron_with_a_fixed_now_still_moves_forward(clock: ManualClock) -> 
     scheduler.start()
     await clock.advance(60)
     assert job.runs == 1
-    assert scheduler.job_status("minutely").next_run_at == BASE + timedelta(minutes=2)
+    assert scheduler.job_statistics("minutely").next_run_at == BASE + timedelta(minutes=2)
     await scheduler.stop()
 
 
@@ -327,13 +327,13 @@ def test_a_duplicate_name_or_a_non_callable_is_refused() -> None:
 
 @pytest.mark.anyio
 async def test_an_unknown_job_name_raises_schedule_not_found() -> None:
-    """run_now and job_status name the missing job."""
+    """run_now and job_statistics name the missing job."""
     scheduler = Scheduler()
     with pytest.raises(ScheduleNotFoundError, match="'nope'") as missing:
         await scheduler.run_now("nope")
     assert missing.value.code == "SCHEDULE_NOT_FOUND"
     with pytest.raises(ScheduleNotFoundError):
-        scheduler.job_status("nope")
+        scheduler.job_statistics("nope")
 
 
 @pytest.mark.anyio
@@ -351,7 +351,7 @@ async def test_the_decorator_registers_the_function_under_its_name(
     async def other() -> None:
         calls.append("other")
 
-    assert [job.name for job in scheduler.status().jobs] == ["cleanup", "named"]
+    assert [job.name for job in scheduler.statistics().jobs] == ["cleanup", "named"]
     await cleanup()
     assert calls == ["cleanup"]
 
@@ -366,7 +366,7 @@ async def test_status_serialises_to_json_ready_snake_case(
     scheduler.add("flaky", job, every=10)
     await scheduler.run_now("flaky")
     scheduler.start()
-    data = scheduler.status().to_dict()
+    data = scheduler.statistics().to_dict()
     assert json.loads(json.dumps(data)) == data
     assert (data["started"], data["paused"], data["running"]) == (True, False, 0)
     jobs = data["jobs"]
@@ -415,7 +415,7 @@ async def test_stop_waits_for_running_runs(clock: ManualClock, scheduler: Schedu
     assert not stopping.done()
     job.gate.set()
     await stopping
-    assert scheduler.job_status("slow").last_result == "ok"
+    assert scheduler.job_statistics("slow").last_result == "ok"
 
 
 @pytest.mark.anyio
@@ -432,7 +432,7 @@ async def test_stop_with_a_timeout_cancels_a_run_that_outlives_it(
     await settle()
     await clock.advance(5)
     await stopping
-    status = scheduler.job_status("stuck")
+    status = scheduler.job_statistics("stuck")
     assert (status.running, status.last_result) == (False, "error")
     assert status.last_error == "CancelledError: the run was cancelled"
     assert status.last_duration == 5.0
@@ -490,7 +490,7 @@ async def test_participant_drain_outlasts_its_timeout_without_cancelling(
     job.gate.set()
     await drain
     await scheduler.stop()
-    assert scheduler.job_status("slow").last_result == "ok"
+    assert scheduler.job_statistics("slow").last_result == "ok"
 
 
 @pytest.mark.anyio
@@ -507,7 +507,7 @@ async def test_run_now_is_refused_while_a_drain_holds_intake_paused(
         await scheduler.run_now("report")
     assert caught.value.code == "SCHEDULE_INTAKE_PAUSED"
     assert job.runs == 0
-    assert scheduler.status().intake_paused
+    assert scheduler.statistics().intake_paused
     participant.resume_intake()
     await scheduler.run_now("report")
     assert job.runs == 1
@@ -525,7 +525,7 @@ async def test_rollback_keeps_an_operators_pause(clock: ManualClock, scheduler: 
     participant.resume_intake()
     await clock.advance(100)
     assert job.runs == 0
-    assert scheduler.status().paused
+    assert scheduler.statistics().paused
     scheduler.resume()
     await clock.advance(10)
     assert job.runs == 1

@@ -1,8 +1,8 @@
-"""Named periodic jobs on an interval or a cron expression, with status for an incident.
+"""Named periodic jobs on an interval or a cron expression, with statistics for an incident.
 
 ``scheduler.add(name, fn, every=seconds)`` or ``cron="*/5 * * * *"`` (parsed by cronsim);
 ``start()`` / ``await stop()`` (or ``async with scheduler:``); ``pause()`` stops scheduling and
-lets in-flight runs finish; ``resume()``; ``await run_now(name)``; ``status()``.
+lets in-flight runs finish; ``resume()``; ``await run_now(name)``; ``statistics()``.
 
 Rules:
 
@@ -19,7 +19,7 @@ Rules:
   :meth:`Scheduler.resume_intake`. This is separate from an operator's ``pause()``, which a
   rollback does not undo.
 * An exception in a job never stops the scheduler: it is logged on the
-  ``forgezero_lifecycle.scheduler`` logger and recorded in the job's status
+  ``forgezero_lifecycle.scheduler`` logger and recorded in the job's statistics
   (``last_result="error"``, ``last_error``, ``consecutive_failures``, reset by the next success).
 """
 
@@ -37,7 +37,7 @@ from .._clock import Clock, SystemClock, wait_event
 from .._errors import ScheduleIntakePausedError, ScheduleInvalidError, ScheduleNotFoundError
 from .participant import ParticipantKind
 
-__all__ = ["ScheduledJobStatus", "Scheduler", "SchedulerParticipant", "SchedulerStatus"]
+__all__ = ["ScheduledJobStatistics", "Scheduler", "SchedulerParticipant", "SchedulerStatistics"]
 
 _log = logging.getLogger("forgezero_lifecycle.scheduler")
 _ERROR_TEXT_LIMIT = 500
@@ -52,7 +52,7 @@ def _iso(value: datetime | None) -> str | None:
 
 @final
 @dataclass(frozen=True, slots=True)
-class ScheduledJobStatus:
+class ScheduledJobStatistics:
     """One job, as somebody reading an incident needs it."""
 
     name: str
@@ -78,14 +78,14 @@ class ScheduledJobStatus:
 
 @final
 @dataclass(frozen=True, slots=True)
-class SchedulerStatus:
-    """The scheduler's flags and every job's status, in the order the jobs were added."""
+class SchedulerStatistics:
+    """The scheduler's flags and every job's statistics, in the order the jobs were added."""
 
     started: bool
     paused: bool
     intake_paused: bool
     running: int
-    jobs: tuple[ScheduledJobStatus, ...]
+    jobs: tuple[ScheduledJobStatistics, ...]
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready snake_case fields."""
@@ -94,7 +94,7 @@ class SchedulerStatus:
 
 @final
 class _Job:
-    """The mutable record behind a :class:`ScheduledJobStatus`."""
+    """The mutable record behind a :class:`ScheduledJobStatistics`."""
 
     __slots__ = (
         "consecutive_failures", "cron", "every", "failures", "fn", "last_duration",
@@ -242,8 +242,8 @@ class Scheduler:
         for job in self._jobs.values():
             self._arm(job)
 
-    async def run_now(self, name: str) -> ScheduledJobStatus:
-        """Run ``name`` now (or wait for its run in progress) and return its status after it."""
+    async def run_now(self, name: str) -> ScheduledJobStatistics:
+        """Run ``name`` now (or wait for its run in progress) and return its statistics after it."""
         job = self._job(name)
         if self._intake_paused:
             raise ScheduleIntakePausedError(
@@ -251,21 +251,21 @@ class Scheduler:
             )
         run = job.run if job.run is not None and job.running else self._launch(job)
         await asyncio.wait((run,))
-        return self._status_of(job)
+        return self._statistics_of(job)
 
-    def status(self) -> SchedulerStatus:
-        """A frozen copy of the scheduler's flags and every job's status."""
-        return SchedulerStatus(
+    def statistics(self) -> SchedulerStatistics:
+        """A frozen copy of the scheduler's flags and every job's statistics."""
+        return SchedulerStatistics(
             started=self._started,
             paused=self._paused,
             intake_paused=self._intake_paused,
             running=self.in_flight(),
-            jobs=tuple(self._status_of(job) for job in self._jobs.values()),
+            jobs=tuple(self._statistics_of(job) for job in self._jobs.values()),
         )
 
-    def job_status(self, name: str) -> ScheduledJobStatus:
-        """The status of one job; :class:`ScheduleNotFoundError` for an unknown name."""
-        return self._status_of(self._job(name))
+    def job_statistics(self, name: str) -> ScheduledJobStatistics:
+        """The statistics of one job; :class:`ScheduleNotFoundError` for an unknown name."""
+        return self._statistics_of(self._job(name))
 
     def in_flight(self) -> int:
         """How many runs are going now."""
@@ -373,11 +373,11 @@ class Scheduler:
         job.failures += 1
         job.consecutive_failures += 1
 
-    def _status_of(self, job: _Job) -> ScheduledJobStatus:
+    def _statistics_of(self, job: _Job) -> ScheduledJobStatistics:
         next_run_at = job.next_cron
         if job.next_due is not None:
             next_run_at = self._now() + timedelta(seconds=job.next_due - self._clock.monotonic())
-        return ScheduledJobStatus(
+        return ScheduledJobStatistics(
             name=job.name,
             every=job.every,
             cron=job.cron,
