@@ -150,13 +150,14 @@ class RuntimeCollector(Collector):
             "Requests and WebSockets refused with 503 / close because intake was closed.",
             labels=["kind"],
         )
-        refused.add_metric(["http"], gate.refused_http)
-        refused.add_metric(["websocket"], gate.refused_websocket)
+        stats = gate.statistics()
+        refused.add_metric(["http"], stats.refused_http)
+        refused.add_metric(["websocket"], stats.refused_websocket)
         yield refused
         yield CounterMetricFamily(
             self._name("websockets_closed_at_grace"),
             "Open WebSockets closed by the drain when the stream grace ended.",
-            value=gate.closed_at_grace,
+            value=stats.closed_at_grace,
         )
 
     def _jobs(self, workers: list[JobWorker[Any]]) -> Iterator[Metric]:

@@ -247,11 +247,11 @@ class Runtime:
         """Live in-flight counts per kind, as drain status reports them."""
         from .wire.drain import WorkCounters
 
-        gate = self.gate.counters()
+        gate = self.gate.statistics()
         per_kind = {"jobs": 0, "schedules": 0}
         for participant in self._participants:
             per_kind[participant.kind] += participant.in_flight()
-        return WorkCounters(http=gate["http"], websocket=gate["websocket"], **per_kind)
+        return WorkCounters(http=gate.http, websocket=gate.websocket, **per_kind)
 
     def _schedules_status(self) -> list[object]:
         from .core.scheduler import SchedulerParticipant  # loaded by whoever built a scheduler
@@ -331,7 +331,7 @@ class Runtime:
             logging.INFO,
             "drain.stream_notice",
             elapsed_s=self._elapsed(),
-            **self.gate.counters(),
+            **self._gate_in_flight(),
         )
         self.gate.end_streams()
         cutoff_after = max(0.0, self._remaining() - self._release_margin())
@@ -344,10 +344,14 @@ class Runtime:
             logging.WARNING,
             "drain.cutoff",
             elapsed_s=self._elapsed(),
-            **self.gate.counters(),
+            **self._gate_in_flight(),
         )
         self.gate.cut_off()
         await self.gate.wait_idle()
+
+    def _gate_in_flight(self) -> dict[str, int]:
+        gate = self.gate.statistics()
+        return {"http": gate.http, "websocket": gate.websocket}
 
     def _set_deadline(self, timeout_ms: int) -> None:
         self._timeout = timeout_ms / 1000

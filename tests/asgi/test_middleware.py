@@ -60,10 +60,10 @@ async def test_request_is_counted_until_the_app_returns() -> None:
     )
     await settle()
     assert recorder.sent[-1]["body"] == b"ok"
-    assert gate.counters()["http"] == 1
+    assert gate.statistics().http == 1
     finish.set()
     await call
-    assert gate.counters()["http"] == 0
+    assert gate.statistics().http == 0
 
 
 async def test_refused_request_gets_503_and_never_reaches_the_app() -> None:
@@ -88,7 +88,7 @@ async def test_refused_request_gets_503_and_never_reaches_the_app() -> None:
     assert headers[b"connection"] == b"close"
     assert headers[b"content-length"] == str(len(body["body"])).encode()
     assert body["body"] == b'{"error":"RUNTIME_DRAINING"}'
-    assert gate.counters()["http"] == 0
+    assert gate.statistics().http == 0
 
 
 @pytest.mark.parametrize(
@@ -146,7 +146,7 @@ async def test_stream_waiting_for_disconnect_is_ended_cleanly_at_the_notice() ->
     await call
     assert got == [{"type": "http.disconnect"}]
     assert recorder.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
-    assert gate.counters()["http"] == 0
+    assert gate.statistics().http == 0
 
 
 async def test_request_body_is_read_normally_during_a_drain() -> None:
@@ -196,7 +196,7 @@ async def test_websocket_is_closed_with_1012_at_the_notice_and_later_sends_raise
     middleware = InFlightMiddleware(app, gate=gate, websocket_close_code=1012)
     call = asyncio.ensure_future(middleware(ws_scope(), recorder.receive, recorder.send))
     await settle()
-    assert gate.counters()["websocket"] == 1
+    assert gate.statistics().websocket == 1
     gate.close()
     gate.end_streams()
     await settle()
@@ -209,7 +209,7 @@ async def test_websocket_is_closed_with_1012_at_the_notice_and_later_sends_raise
     (error,) = raised
     assert isinstance(error, ConnectionClosedByDrainError)
     assert error.code == "RUNTIME_DRAIN_CONNECTION_CLOSED"
-    assert gate.counters()["websocket"] == 0
+    assert gate.statistics().websocket == 0
 
 
 async def test_push_only_websocket_ends_once_the_drain_closed_it() -> None:
@@ -242,7 +242,7 @@ async def test_push_only_websocket_ends_once_the_drain_closed_it() -> None:
         "websocket.send",
         "websocket.close",
     ]
-    assert gate.counters()["websocket"] == 0
+    assert gate.statistics().websocket == 0
 
 
 async def test_websocket_denial_in_several_body_parts_is_sent_whole() -> None:
@@ -260,7 +260,7 @@ async def test_websocket_denial_in_several_body_parts_is_sent_whole() -> None:
     scope = ws_scope({"websocket.http.response": {}})
     await InFlightMiddleware(deny, gate=gate)(scope, recorder.receive, recorder.send)
     assert [m.get("body") for m in recorder.sent] == [None, b"go ", b"away"]
-    assert gate.counters()["websocket"] == 0
+    assert gate.statistics().websocket == 0
 
 
 async def test_notice_during_a_denial_response_does_not_close_it() -> None:
@@ -338,13 +338,13 @@ async def test_last_chunk_blocked_by_a_client_that_never_reads_is_given_up_at_th
     await settle()
     assert client.blocked == 1
     assert not call.done()
-    assert gate.counters()["http"] == 1
+    assert gate.statistics().http == 1
     with caplog.at_level(logging.WARNING, logger="forgezero_lifecycle.middleware"):
         gate.cut_off()
         await settle()
     assert call.done()
     await call
-    assert gate.counters()["http"] == 0
+    assert gate.statistics().http == 0
     assert recorder.sent[-1] == {"type": "http.response.body", "body": b"part", "more_body": True}
     assert [r.getMessage() for r in caplog.records] == ["drain.connection_abandoned kind=http"]
 
@@ -379,7 +379,7 @@ async def test_app_send_blocked_during_a_drain_raises_an_oserror_at_the_cutoff()
     assert [type(e) for e in raised] == [ConnectionClosedByDrainError, ConnectionClosedByDrainError]
     assert raised[0].code == "RUNTIME_DRAIN_CONNECTION_ABANDONED"
     assert client.blocked == 1
-    assert gate.counters()["http"] == 0
+    assert gate.statistics().http == 0
 
 
 async def test_a_send_that_does_not_block_still_goes_out_after_the_cutoff() -> None:
@@ -391,7 +391,7 @@ async def test_a_send_that_does_not_block_still_goes_out_after_the_cutoff() -> N
     await InFlightMiddleware(ok_app, gate=gate)(http_scope(), recorder.receive, recorder.send)
     assert [m["type"] for m in recorder.sent] == ["http.response.start", "http.response.body"]
     assert recorder.sent[1]["body"] == b"ok"
-    assert gate.counters()["http"] == 0
+    assert gate.statistics().http == 0
 
 
 async def test_push_only_websocket_blocked_by_a_client_that_never_reads_is_abandoned() -> None:
@@ -424,7 +424,7 @@ async def test_push_only_websocket_blocked_by_a_client_that_never_reads_is_aband
     await call
     assert [getattr(e, "code", None) for e in raised] == ["RUNTIME_DRAIN_CONNECTION_ABANDONED"]
     assert recorder.sent == [{"type": "websocket.accept"}]
-    assert gate.counters()["websocket"] == 0
+    assert gate.statistics().websocket == 0
 
 
 async def test_an_app_error_unrelated_to_the_drain_still_propagates() -> None:
@@ -439,7 +439,7 @@ async def test_an_app_error_unrelated_to_the_drain_still_propagates() -> None:
     recorder = ASGIRecorder({"type": "websocket.connect"})
     with pytest.raises(OSError, match="own failure"):
         await InFlightMiddleware(app, gate=gate)(ws_scope(), recorder.receive, recorder.send)
-    assert gate.counters()["websocket"] == 0
+    assert gate.statistics().websocket == 0
 
 
 async def test_websocket_refused_with_a_503_denial_when_the_server_offers_it() -> None:
@@ -480,7 +480,7 @@ async def test_control_paths_go_to_the_control_app_uncounted_even_while_closed(
 
     async def control(scope: Message, receive: Any, send: Any) -> None:
         reached.append(scope["path"])
-        assert gate.counters()["http"] == 0
+        assert gate.statistics().http == 0
 
     recorder = ASGIRecorder()
     middleware = InFlightMiddleware(ok_app, gate=gate, control=control)
@@ -508,7 +508,7 @@ async def test_count_is_released_when_the_app_raises() -> None:
     recorder = ASGIRecorder()
     with pytest.raises(RuntimeError):
         await InFlightMiddleware(broken, gate=gate)(http_scope(), recorder.receive, recorder.send)
-    assert gate.counters()["http"] == 0
+    assert gate.statistics().http == 0
 
 
 async def test_an_exception_group_of_drain_closes_stays_inside() -> None:
@@ -536,4 +536,4 @@ async def test_an_exception_group_of_drain_closes_stays_inside() -> None:
     gate.end_streams()
     await call
     assert recorder.sent[-1] == {"type": "websocket.close", "code": 1012, "reason": "draining"}
-    assert gate.counters()["websocket"] == 0
+    assert gate.statistics().websocket == 0

@@ -1,4 +1,4 @@
-"""The intake gate: atomic admission, counters and event-driven idleness."""
+"""The intake gate: atomic admission, statistics and event-driven idleness."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ async def test_no_unit_is_admitted_after_close_returns(seed: int) -> None:
     await asyncio.gather(*(client(n) for n in range(50)), closer())
     closed_at = log.index("closed")
     assert "admitted" not in log[closed_at + 1 :]
-    assert sum(gate.counters().values()) == log.count("admitted")
+    stats = gate.statistics()
+    assert stats.http + stats.websocket == log.count("admitted")
 
 
 async def test_wait_idle_wakes_when_the_last_unit_is_released() -> None:
@@ -63,7 +64,8 @@ async def test_reopen_admits_again_and_withdraws_the_stream_notice() -> None:
     assert gate.try_admit("http")
     assert not gate.notice.is_set()
     assert not gate.draining
-    assert gate.counters() == {"http": 1, "websocket": 0}
+    stats = gate.statistics()
+    assert (stats.http, stats.websocket) == (1, 0)
 
 
 async def test_begin_draining_keeps_admitting() -> None:

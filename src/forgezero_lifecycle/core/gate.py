@@ -21,11 +21,24 @@ Four flags, four moments of a drain (the runtime module's docstring lists its st
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Literal, final
 
-__all__ = ["GateKind", "IntakeGate"]
+__all__ = ["GateKind", "GateStatistics", "IntakeGate"]
 
 GateKind = Literal["http", "websocket"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class GateStatistics:
+    """A snapshot of the gate: units in flight per kind, and the totals the middleware counts."""
+
+    http: int
+    websocket: int
+    refused_http: int
+    refused_websocket: int
+    closed_at_grace: int
 
 
 @final
@@ -54,7 +67,8 @@ class IntakeGate:
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._notice = asyncio.Event()
         self._cutoff = asyncio.Event()
-        #: Totals for metrics, counted by the middleware (only on refusal and at the notice).
+        #: Totals counted by the middleware (only on refusal and at the notice), read through
+        #: :meth:`statistics`.
         self.refused_http = 0
         self.refused_websocket = 0
         self.closed_at_grace = 0
@@ -144,6 +158,12 @@ class IntakeGate:
         self._idle_waiters.append(waiter)
         await waiter
 
-    def counters(self) -> dict[GateKind, int]:
-        """A snapshot of in-flight units per kind."""
-        return {"http": self._http, "websocket": self._websocket}
+    def statistics(self) -> GateStatistics:
+        """A frozen copy of the in-flight counts and the refusal and notice totals."""
+        return GateStatistics(
+            http=self._http,
+            websocket=self._websocket,
+            refused_http=self.refused_http,
+            refused_websocket=self.refused_websocket,
+            closed_at_grace=self.closed_at_grace,
+        )
