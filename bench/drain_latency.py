@@ -77,7 +77,7 @@ async def _send(message: Any) -> None:
 
 async def _poll_until_idle(runtime: Runtime) -> float:
     """uvicorn's shutdown wait: look at the in-flight count every 100 ms."""
-    while runtime.counters().http:  # noqa: ASYNC110 - the polling loop is the baseline
+    while runtime.in_flight().http:  # noqa: ASYNC110 - the polling loop is the baseline
         await asyncio.sleep(POLL_SECONDS)
     return time.perf_counter()
 
@@ -97,7 +97,7 @@ async def _one_drain(
     app.release = asyncio.Event()
     request = asyncio.create_task(wrapped(dict(_SCOPE), _receive, _send))
     await asyncio.sleep(0)
-    if runtime.counters().http != 1:
+    if runtime.in_flight().http != 1:
         raise RuntimeError("the held request was not admitted")
     nonce = new_nonce()
     runtime.drain.begin(

@@ -225,7 +225,7 @@ async def test_a_stream_whose_client_never_reads_is_abandoned_before_the_deadlin
     scope = {"type": "http", "path": "/s", "root_path": "", "method": "GET", "headers": []}
     call = asyncio.ensure_future(app(scope, recorder.receive, stalled_send))
     await settle()
-    assert runtime.counters().http == 1
+    assert runtime.in_flight().http == 1
     runtime.drain.begin(drain_request(timeout_ms=1000))
     await clock.advance(0.5)
     assert runtime.drain.status(NONCE).status == "draining"  # the notice came, the send blocks

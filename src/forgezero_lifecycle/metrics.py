@@ -69,7 +69,7 @@ class MetricsSource(Protocol):
     @property
     def participants(self) -> Sequence[WorkParticipant]: ...
 
-    def counters(self) -> WorkCounters: ...
+    def in_flight(self) -> WorkCounters: ...
 
 
 @final
@@ -82,7 +82,7 @@ class RuntimeCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         runtime = self._runtime
-        yield from self._in_flight(runtime.counters())
+        yield from self._in_flight(runtime.in_flight())
         yield from self._drains(runtime.drain)
         yield from self._gate(runtime.gate)
         participants = list(runtime.participants)

@@ -243,8 +243,11 @@ class Runtime:
         if self.handoff is not None:
             await self.handoff.aclose()
 
-    def counters(self) -> WorkCounters:
-        """Live in-flight counts per kind, as drain status reports them."""
+    def in_flight(self) -> WorkCounters:
+        """Live in-flight counts per kind, as drain status reports them (its ``inFlight``).
+
+        The same word as each participant's ``in_flight()``: the counts a drain waits for.
+        """
         from .wire.drain import WorkCounters
 
         gate = self.gate.statistics()
@@ -416,7 +419,7 @@ class _Dependencies:
         return self._runtime._stop_jobs()
 
     def work_counters(self) -> WorkCounters:
-        return self._runtime.counters()
+        return self._runtime.in_flight()
 
     def sleep(self, ms: int) -> Coroutine[Any, Any, None]:
         return self._runtime._clock.sleep(ms / 1000)

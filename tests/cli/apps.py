@@ -90,7 +90,7 @@ async def stream(request: Request) -> Response:
 
 
 async def counters(request: Request) -> Response:
-    return JSONResponse({**runtime.counters().model_dump(), "imported": state.imported})
+    return JSONResponse({**runtime.in_flight().model_dump(), "imported": state.imported})
 
 
 app = Starlette(

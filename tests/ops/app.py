@@ -57,7 +57,7 @@ async def test_state(request: Request) -> Response:
             "draining": runtime.draining.is_set(),
             "handoff_started": handoff is not None and handoff._request is not None,
             "imported": state.imported,
-            **runtime.counters().model_dump(),
+            **runtime.in_flight().model_dump(),
         }
     )
 

@@ -195,7 +195,7 @@ async def stats(request: Request) -> Response:
             "served": state.served,
             "exporting": state.exporting,
             "imported": None if state.imported is None else state.imported.model_dump(),
-            "inFlight": None if runtime is None else runtime.counters().model_dump(),
+            "inFlight": None if runtime is None else runtime.in_flight().model_dump(),
             "memoryKiB": _peak_memory_kib(),
             "jobs": {
                 "claimed": sum(c.claimed for c in counts),

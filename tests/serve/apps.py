@@ -102,7 +102,7 @@ async def slow(request: Request) -> Response:
 
 
 async def me(request: Request) -> Response:
-    return JSONResponse({"pid": os.getpid(), **runtime.counters().model_dump()})
+    return JSONResponse({"pid": os.getpid(), **runtime.in_flight().model_dump()})
 
 
 app = Starlette(

@@ -117,7 +117,7 @@ async def echo(websocket: WebSocket) -> None:
 
 
 async def counters(request: Request) -> Response:
-    return JSONResponse(runtime.counters().model_dump())
+    return JSONResponse(runtime.in_flight().model_dump())
 
 
 app = Starlette(

@@ -45,7 +45,7 @@ runtime = Runtime(
 
 
 async def counters(request: Request) -> Response:
-    return JSONResponse(runtime.counters().model_dump())
+    return JSONResponse(runtime.in_flight().model_dump())
 
 
 async def process(request: Request) -> Response:

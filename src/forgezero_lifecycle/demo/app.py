@@ -127,7 +127,7 @@ def create_app(environ: dict[str, str] | None = None) -> Starlette:
                 "generation": generation,
                 "visits": state.by,
                 "importedFrom": state.imported_from,
-                "inFlight": runtime.counters().model_dump(),
+                "inFlight": runtime.in_flight().model_dump(),
                 "jobs": {
                     "claimed": sum(c.claimed for c in counts),
                     "released": sum(c.released for c in counts),

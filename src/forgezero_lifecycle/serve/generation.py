@@ -174,7 +174,7 @@ class Generation:
                 return
             await self._changed.wait()
 
-    def counters(self) -> WorkCounters:
+    def in_flight(self) -> WorkCounters:
         totals = dict.fromkeys(COUNTER_KINDS, 0)
         for worker in self.workers:
             if not worker.exited.is_set():
@@ -247,7 +247,7 @@ class _FanOut:
         return _nothing()  # each worker's own drain waits for (or releases) its jobs
 
     def work_counters(self) -> WorkCounters:
-        return self._generation.counters()
+        return self._generation.in_flight()
 
     def sleep(self, ms: int) -> Coroutine[Any, Any, None]:
         return asyncio.sleep(ms / 1000)

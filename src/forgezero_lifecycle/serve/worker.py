@@ -115,7 +115,7 @@ class WorkerAgent:
                 self._take_signals()
                 self.notify_state(
                     "ready",
-                    inFlight=self.runtime.counters().model_dump(),
+                    inFlight=self.runtime.in_flight().model_dump(),
                     privatePort=self.private.getsockname()[1],
                     stateKind=_state_kind(self.runtime),
                     revision=self.runtime.revision,
@@ -171,9 +171,9 @@ class WorkerAgent:
                 drain.rollback(message["nonce"])
             except LifecycleError as error:
                 return {"error": error.code}
-            return {"ok": True, "inFlight": self.runtime.counters().model_dump()}
+            return {"ok": True, "inFlight": self.runtime.in_flight().model_dump()}
         if op == "status":
-            return {"inFlight": self.runtime.counters().model_dump()}
+            return {"inFlight": self.runtime.in_flight().model_dump()}
         if op == "schedules":
             return {"schedules": self.runtime._schedules_status()}
         if op == "metrics":
