@@ -97,7 +97,7 @@ if TYPE_CHECKING:
     from .jobs import JobWorker as JobWorker
     from .jobs import Lease as Lease
     from .jobs import MemoryJobStore as MemoryJobStore
-    from .jobs import WorkerStats as WorkerStats
+    from .jobs import WorkerStatistics as WorkerStatistics
     from .jobs.postgres import PostgresJobStore as PostgresJobStore
     from .jobs.sqlite import SQLiteJobStore as SQLiteJobStore
     from .runtime import Runtime as Runtime

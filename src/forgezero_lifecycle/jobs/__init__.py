@@ -27,6 +27,6 @@ if TYPE_CHECKING:
     from .store import Lease as Lease
     from .worker import Handler as Handler
     from .worker import JobWorker as JobWorker
-    from .worker import WorkerStats as WorkerStats
+    from .worker import WorkerStatistics as WorkerStatistics
 
 __getattr__, __dir__, __all__ = attach(__name__)

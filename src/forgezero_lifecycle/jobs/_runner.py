@@ -13,7 +13,7 @@ from ._batcher import CompletionBatcher
 from ._outcome import result_json
 from .store import ConnT, JobStore, Lease
 
-__all__ = ["Handler", "JobRunner", "WorkerStats"]
+__all__ = ["Handler", "JobRunner", "WorkerStatistics"]
 
 logger = logging.getLogger("forgezero_lifecycle.jobs")
 
@@ -23,7 +23,7 @@ CancelReason = Literal["drain", "lost"]
 
 @final
 @dataclass(frozen=True, slots=True)
-class WorkerStats:
+class WorkerStatistics:
     """A snapshot of one worker's counters."""
 
     owner: str

@@ -34,10 +34,10 @@ from .._errors import ConfigurationError, JobStateError
 from .._events import emit
 from ._batcher import CompletionBatcher
 from ._outcome import exponential_backoff
-from ._runner import Handler, JobRunner, WorkerStats
+from ._runner import Handler, JobRunner, WorkerStatistics
 from .store import ConnT, JobStore
 
-__all__ = ["Handler", "JobWorker", "WorkerStats"]
+__all__ = ["Handler", "JobWorker", "WorkerStatistics"]
 
 logger = logging.getLogger("forgezero_lifecycle.jobs")
 
@@ -224,9 +224,9 @@ class JobWorker(Generic[ConnT]):
         """Claim now instead of after the idle interval (called on enqueue in this process)."""
         self._wake.set()
 
-    def statistics(self) -> WorkerStats:
+    def statistics(self) -> WorkerStatistics:
         """A snapshot of this worker's counters (``running`` = leases held)."""
-        return WorkerStats(
+        return WorkerStatistics(
             owner=self._owner,
             running=len(self._runner.runs),
             paused=self._intake != "claiming",
