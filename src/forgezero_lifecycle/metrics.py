@@ -11,8 +11,9 @@ or let the runtime serve it: ``Runtime(metrics=registry)`` registers the collect
 ``registry`` and answers ``GET /.forgezero/runtime/metrics`` with that registry, without a token.
 
 Nothing is counted for metrics on the request path: the collector reads, at scrape time, the
-counters the parts already keep (the gate's in-flight counts and refusals, the drain controller's
-statistics, each job worker's and scheduler's status, the handoff controller's counts).
+``statistics()`` of every part (the gate's in-flight counts and refusals, the drain
+controller's, each job worker's and scheduler's, the handoff controller's) and the runtime's
+``in_flight()``.
 
 Every metric is listed in the README section "Metrics".
 """
@@ -32,7 +33,7 @@ from prometheus_client.registry import Collector
 
 from .core.drain import DrainController
 from .core.gate import IntakeGate
-from .core.handoff import StateHandoffController
+from .core.handoff import HandoffStatistics, StateHandoffController
 from .core.participant import WorkParticipant
 from .core.scheduler import SchedulerParticipant
 from .jobs.worker import JobWorker
@@ -186,24 +187,24 @@ class RuntimeCollector(Collector):
         yield from (runs, failures, consecutive)
 
     def _handoff(self, handoff: StateHandoffController[Any] | None) -> Iterator[Metric]:
-        counts = handoff.counts if handoff is not None else {}
+        stats = handoff.statistics() if handoff is not None else HandoffStatistics()
         yield CounterMetricFamily(
             self._name("handoff_exports"),
             "State envelopes served to a next generation.",
-            value=counts.get("exported", 0),
+            value=stats.exported,
         )
         yield CounterMetricFamily(
             self._name("handoff_export_bytes"),
             "Bytes of the state envelopes served.",
-            value=counts.get("exported_bytes", 0),
+            value=stats.exported_bytes,
         )
         outcomes = CounterMetricFamily(
             self._name("handoffs"),
             "State handoffs into this generation, by outcome.",
             labels=["outcome"],
         )
-        for outcome in ("acknowledged", "failed"):
-            outcomes.add_metric([outcome], counts.get(outcome, 0))
+        outcomes.add_metric(["acknowledged"], stats.acknowledged)
+        outcomes.add_metric(["failed"], stats.failed)
         yield outcomes
 
 

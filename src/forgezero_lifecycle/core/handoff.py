@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast, final
 
 from pydantic import BaseModel, ValidationError
@@ -48,12 +49,25 @@ from ._state_value import failure_text
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["StateAdapter", "StateHandoffController"]
+__all__ = ["HandoffStatistics", "StateAdapter", "StateHandoffController"]
 
 T = TypeVar("T", bound=BaseModel)
 R = TypeVar("R")
 
 logger = logging.getLogger("forgezero_lifecycle.handoff")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class HandoffStatistics:
+    """A snapshot of one controller's handoffs, for metrics (nothing in it is secret)."""
+
+    #: State envelopes served to a next generation, and their bytes.
+    exported: int = 0
+    exported_bytes: int = 0
+    #: Handoffs into this generation, by outcome.
+    acknowledged: int = 0
+    failed: int = 0
 
 
 class StateAdapter(Protocol[T]):
@@ -122,8 +136,8 @@ class StateHandoffController(Generic[T]):
         self._status: StateHandoffStatus | None = None
         self._task: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()
-        #: Totals for metrics: exports served (and their bytes), handoffs ended by outcome.
-        self.counts = {"exported": 0, "exported_bytes": 0, "acknowledged": 0, "failed": 0}
+        # Plain ints, touched once per export or handoff, read at scrape time (statistics()).
+        self._counts = {"exported": 0, "exported_bytes": 0, "acknowledged": 0, "failed": 0}
 
     # -- the old generation: export -----------------------------------------------------------
 
@@ -156,8 +170,8 @@ class StateHandoffController(Generic[T]):
         except Exception as exc:
             raise _export_invalid(f"export_state raised {type(exc).__name__}") from exc
         envelope, document = self._codec.seal(cursor, value, source_revision, target_revision)
-        self.counts["exported"] += 1
-        self.counts["exported_bytes"] += len(document)
+        self._counts["exported"] += 1
+        self._counts["exported_bytes"] += len(document)
         emit(
             logger,
             logging.INFO,
@@ -209,6 +223,10 @@ class StateHandoffController(Generic[T]):
             raise StateNotFoundError("RUNTIME_STATE_NOT_FOUND")
         return self._status
 
+    def statistics(self) -> HandoffStatistics:
+        """Exports served (and their bytes) and handoffs into this generation by outcome."""
+        return HandoffStatistics(**self._counts)
+
     async def wait(self, nonce: object) -> StateHandoffStatus:
         """Return the status once the handoff of ``nonce`` is acknowledged or failed."""
         self.status(nonce)
@@ -253,7 +271,7 @@ class StateHandoffController(Generic[T]):
     ) -> None:
         self._status = _status(request, status, failure=failure, **extra)
         self._settled.set()
-        self.counts["acknowledged" if status == "acknowledged" else "failed"] += 1
+        self._counts["acknowledged" if status == "acknowledged" else "failed"] += 1
         if status == "acknowledged":
             emit(
                 logger,
