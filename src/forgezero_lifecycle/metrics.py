@@ -21,7 +21,7 @@ Every metric is listed in the README section "Metrics".
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Final, Protocol, final
+from typing import Any, Final, Protocol, final, get_args
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -31,7 +31,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from .core.drain import DrainController
+from .core.drain import DrainController, GenerationState
 from .core.gate import IntakeGate
 from .core.handoff import HandoffStatistics, StateHandoffController
 from .core.participant import WorkParticipant
@@ -44,7 +44,7 @@ __all__ = ["DURATION_BUCKETS", "PREFIX", "MetricsSource", "RuntimeCollector", "m
 PREFIX: Final = "forgezero"
 #: Drain durations, in seconds: a deadline is 100 ms to 10 min.
 DURATION_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-_STATES: Final = ("serving", "draining", "drained", "failed")
+_STATES: Final = get_args(GenerationState)
 _KINDS: Final = ("http", "websocket", "jobs", "schedules")
 _JOB_EVENTS: Final = (
     ("claimed", "claimed", "Durable jobs claimed by this process's workers."),

@@ -38,11 +38,15 @@ if TYPE_CHECKING:
     from ..wire.accepted import Accepted
     from ..wire.drain import DrainRequest, DrainStatus, WorkCounters
 
-__all__ = ["DrainController", "DrainDependencies", "DrainStatistics"]
+__all__ = ["DrainController", "DrainDependencies", "DrainStatistics", "GenerationState"]
 
 logger = logging.getLogger("forgezero_lifecycle.drain")
 
 MAX_FAILURE_CODE_POINTS: Final = 128
+
+#: Where this generation stands: ``serving`` before any drain and after a rollback. A drain's
+#: wire status is the same value, except that a rolled-back drain reports ``rolled-back``.
+GenerationState = Literal["serving", "draining", "drained", "failed"]
 
 
 class DrainDependencies(Protocol):
@@ -74,7 +78,7 @@ class DrainStatistics:
     """A snapshot of this process's drains, for metrics (nothing in it is secret)."""
 
     #: ``serving`` when no drain holds intake closed (none yet, or the last one rolled back).
-    state: Literal["serving", "draining", "drained", "failed"]
+    state: GenerationState
     begun: int
     drained: int
     failed: int
@@ -106,8 +110,9 @@ class DrainController:
         self._ended = {"drained": 0, "failed": 0, "rolled-back": 0}
         self._begun = 0
         self._durations: list[float] = []
+        # The last drain begun (kept after a rollback, so its nonce is still found by status).
         self._request: DrainRequest | None = None
-        self._state: DrainState = "draining"
+        self._state: GenerationState = "serving"
         self._failure: str | None = None
         self._retired_nonces: set[str] = set()
         self._task: asyncio.Task[None] | None = None
@@ -126,12 +131,16 @@ class DrainController:
     @property
     def active(self) -> bool:
         """True while a drain holds intake closed (draining, drained or failed)."""
-        return self._request is not None and self._state != "rolled-back"
+        return self._state != "serving"
 
     @property
     def state(self) -> DrainState | None:
-        """The current drain's state, or None before the first drain."""
-        return None if self._request is None else self._state
+        """The last drain's wire status, or None before the first drain."""
+        return None if self._request is None else self._drain_status()
+
+    def _drain_status(self) -> DrainState:
+        # Serving again with a drain on record: that drain was rolled back.
+        return "rolled-back" if self._state == "serving" else self._state
 
     def _conflict(self) -> str:
         if self._state == "draining":
@@ -188,7 +197,7 @@ class DrainController:
         request = self._find(nonce)
         return DrainStatus(
             **request.model_dump(),
-            status=self._state,
+            status=self._drain_status(),
             in_flight=validate_counters(self._deps.work_counters()),
             failure=self._failure,
             detail=None if self._detail is None else self._detail(),
@@ -211,14 +220,14 @@ class DrainController:
     def rollback(self, nonce: object) -> DrainStatus:
         """Return a draining, drained or failed generation to serving."""
         request = self._find(nonce)
-        if self._state != "rolled-back":
+        if self._state != "serving":
             if self._task is not None and not self._task.done():
                 self._task.cancel()
             self._deps.resume()
             rolled_from = self._state
             if rolled_from == "draining":
                 self._count_end("rolled-back")
-            self._state = "rolled-back"
+            self._state = "serving"
             self._failure = None
             self._retired_nonces.add(request.nonce)
             self._settled.set()
@@ -235,7 +244,7 @@ class DrainController:
     async def wait(self) -> DrainState:
         """Wait until the current drain leaves ``draining``; returns the state it reached."""
         await self._settled.wait()
-        return self._state
+        return self._drain_status()
 
     def _find(self, nonce: object) -> DrainRequest:
         if nonce is None:
@@ -283,9 +292,8 @@ class DrainController:
 
     def statistics(self) -> DrainStatistics:
         """Counts of drains begun and ended by outcome, their durations, and the state now."""
-        state = self._state
         return DrainStatistics(
-            state="serving" if self._request is None or state == "rolled-back" else state,
+            state=self._state,
             begun=self._begun,
             drained=self._ended["drained"],
             failed=self._ended["failed"],
@@ -297,7 +305,7 @@ class DrainController:
         self._ended[outcome] += 1
         self._durations.append(self._clock.monotonic() - self._began_at)
 
-    def _finish(self, state: DrainState, failure: str | None) -> None:
+    def _finish(self, state: Literal["drained", "failed"], failure: str | None) -> None:
         from ..wire.drain import validate_counters
 
         self._state = state
