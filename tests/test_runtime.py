@@ -105,6 +105,7 @@ async def test_not_ready_grace_admits_until_the_gate_closes() -> None:
     runtime.drain.begin(drain_request())
     await settle()
     assert runtime.draining.is_set()
+    assert runtime.draining is runtime.gate.draining_event  # one fact, held by the gate
     assert runtime.gate.is_open
     await clock.advance(2)
     assert not runtime.gate.is_open

@@ -117,7 +117,6 @@ class Runtime:
         _check_signal_options(drain_on_signal, signal_drain_timeout)
         self.revision = revision
         self.gate = IntakeGate()
-        self.draining = asyncio.Event()
         self._clock = clock or SystemClock()
         self._not_ready_grace = not_ready_grace
         self._stream_grace = stream_grace
@@ -151,7 +150,7 @@ class Runtime:
         self.control = ControlApp(
             drain=self.drain,
             handoff=self.handoff,
-            is_ready=lambda: not self.draining.is_set(),
+            is_ready=lambda: not self.gate.draining,
             intake_closed=lambda: not self.gate.is_open,
             control_token=control_token,
             handoff_token=handoff_token,
@@ -164,6 +163,15 @@ class Runtime:
             self._published[paths.RUNTIME_OPENAPI_PATH] = _openapi_document
         if metrics is not None:
             self._published[paths.RUNTIME_METRICS_PATH] = _metrics_endpoint(self, metrics)
+
+    @property
+    def draining(self) -> asyncio.Event:
+        """Set from the instant a drain begins until it is rolled back.
+
+        The gate holds the fact (:attr:`IntakeGate.draining_event`, set with its ``draining``
+        flag), so readiness, ``Connection: close`` and this event never disagree.
+        """
+        return self.gate.draining_event
 
     @property
     def not_ready_grace(self) -> float:
@@ -292,7 +300,6 @@ class Runtime:
                 _SIBLINGS_ADVICE,
             )
         self._began_at = self._clock.monotonic()
-        self.draining.set()
         self.gate.begin_draining()
         emit(logger, logging.INFO, "drain.readiness_off", not_ready_grace_s=self._not_ready_grace)
         if self._not_ready_grace <= 0:
@@ -374,7 +381,6 @@ class Runtime:
         if was_closed:
             for participant in self._participants:
                 participant.resume_intake()
-        self.draining.clear()
 
 
 def _metrics_endpoint(runtime: Runtime, registry: CollectorRegistry) -> Document:

@@ -74,3 +74,15 @@ async def test_begin_draining_keeps_admitting() -> None:
     gate.begin_draining()
     assert gate.draining
     assert gate.try_admit("http")
+
+
+async def test_draining_event_is_set_and_cleared_with_the_draining_flag() -> None:
+    """One fact: begin_draining and close set the event with the flag, reopen clears both."""
+    gate = IntakeGate()
+    assert not gate.draining_event.is_set()
+    gate.begin_draining()
+    assert (gate.draining, gate.draining_event.is_set()) == (True, True)
+    gate.reopen()
+    assert (gate.draining, gate.draining_event.is_set()) == (False, False)
+    gate.close()
+    assert (gate.draining, gate.draining_event.is_set()) == (True, True)

@@ -47,6 +47,7 @@ class IntakeGate:
 
     __slots__ = (
         "_cutoff",
+        "_draining_event",
         "_http",
         "_idle_waiters",
         "_notice",
@@ -62,8 +63,10 @@ class IntakeGate:
         self._open = True
         self._http = 0
         self._websocket = 0
-        #: Readiness is off and responses should move clients away (``Connection: close``).
+        #: Readiness is off and responses should move clients away (``Connection: close``). The
+        #: plain bool the request path reads; :attr:`draining_event` is set and cleared with it.
         self.draining = False
+        self._draining_event = asyncio.Event()
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._notice = asyncio.Event()
         self._cutoff = asyncio.Event()
@@ -76,6 +79,11 @@ class IntakeGate:
     @property
     def is_open(self) -> bool:
         return self._open
+
+    @property
+    def draining_event(self) -> asyncio.Event:
+        """Set while :attr:`draining` is true, for code that waits for a drain to begin."""
+        return self._draining_event
 
     @property
     def notice(self) -> asyncio.Event:
@@ -128,10 +136,12 @@ class IntakeGate:
     def begin_draining(self) -> None:
         """Readiness off: admission continues, responses start asking clients to reconnect."""
         self.draining = True
+        self._draining_event.set()
 
     def close(self) -> None:
         """Refuse every new unit from now on; admitted units run on."""
         self.draining = True
+        self._draining_event.set()
         self._open = False
 
     def end_streams(self) -> None:
@@ -147,6 +157,7 @@ class IntakeGate:
         """Undo a drain: admit again, stop asking clients to reconnect, withdraw notice and cutoff."""
         self._open = True
         self.draining = False
+        self._draining_event.clear()
         self._notice.clear()
         self._cutoff.clear()
 
