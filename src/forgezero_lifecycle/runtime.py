@@ -125,8 +125,6 @@ class Runtime:
         self._exempt = exempt
         self._participants: list[WorkParticipant] = []
         self._closed = asyncio.Event()
-        self._began_at = 0.0
-        self._timeout = 0.0
         self._closer: asyncio.Task[None] | None = None
         #: True when a ``serve --workers`` supervisor drains this process together with the other
         #: workers on its listening socket; otherwise a drain checks for such siblings itself.
@@ -299,7 +297,6 @@ class Runtime:
                 ", ".join(map(str, self._siblings)),
                 _SIBLINGS_ADVICE,
             )
-        self._began_at = self._clock.monotonic()
         self.gate.begin_draining()
         emit(logger, logging.INFO, "drain.readiness_off", not_ready_grace_s=self._not_ready_grace)
         if self._not_ready_grace <= 0:
@@ -308,8 +305,7 @@ class Runtime:
             self._closer = asyncio.create_task(self._close_after_grace())
 
     async def _close_after_grace(self) -> None:
-        # The deadline is known by the time this task runs (stop_jobs is called within begin).
-        await self._clock.sleep(min(self._not_ready_grace, self._timeout / 2))
+        await self._clock.sleep(min(self._not_ready_grace, self.drain.timeout / 2))
         self._close_intake()
 
     def _close_intake(self) -> None:
@@ -320,20 +316,19 @@ class Runtime:
         self._closed.set()
         emit(logger, logging.INFO, "drain.intake_closed", elapsed_s=self._elapsed())
 
-    def _elapsed(self) -> float:
-        return round(self._clock.monotonic() - self._began_at, 3)
+    # The deadline is the drain controller's: it holds the request's timeoutMs and its begin.
 
-    def _remaining(self) -> float:
-        return max(0.0, self._timeout - (self._clock.monotonic() - self._began_at))
+    def _elapsed(self) -> float:
+        return round(self.drain.elapsed(), 3)
 
     def _release_margin(self) -> float:
-        return min(_RELEASE_MARGIN_MAX, self._timeout * _RELEASE_MARGIN_SHARE)
+        return min(_RELEASE_MARGIN_MAX, self.drain.timeout * _RELEASE_MARGIN_SHARE)
 
     async def _wait_for_requests(self) -> None:
         if self._siblings:
             raise DrainFailedError("RUNTIME_DRAIN_FAILED", detail="a drain of part of a server")
         await self._closed.wait()
-        notice_after = min(self._stream_grace, self._remaining() / 2)
+        notice_after = min(self._stream_grace, self.drain.remaining() / 2)
         if not (await first(self.gate.wait_idle(), self._clock.sleep(notice_after))).cancelled():
             return
         emit(
@@ -344,7 +339,7 @@ class Runtime:
             **self._gate_in_flight(),
         )
         self.gate.end_streams()
-        cutoff_after = max(0.0, self._remaining() - self._release_margin())
+        cutoff_after = max(0.0, self.drain.remaining() - self._release_margin())
         if not (await first(self.gate.wait_idle(), self._clock.sleep(cutoff_after))).cancelled():
             return
         # The same margin as durable jobs: sends still blocked by clients that do not read are
@@ -363,12 +358,9 @@ class Runtime:
         gate = self.gate.statistics()
         return {"http": gate.http, "websocket": gate.websocket}
 
-    def _set_deadline(self, timeout_ms: int) -> None:
-        self._timeout = timeout_ms / 1000
-
     async def _stop_jobs(self) -> None:
         await self._closed.wait()
-        budget = max(0.0, self._remaining() - self._release_margin())
+        budget = max(0.0, self.drain.remaining() - self._release_margin())
         await asyncio.gather(*(p.drain(budget) for p in self._participants))
 
     def _resume(self) -> None:
@@ -419,9 +411,7 @@ class _Dependencies:
         return self._runtime._wait_for_requests()
 
     def stop_jobs(self, timeout_ms: int) -> Coroutine[Any, Any, None]:
-        # Called synchronously inside DrainController.begin, right after drain_requests: the
-        # deadline is recorded before anything awaits.
-        self._runtime._set_deadline(timeout_ms)
+        # timeout_ms is the controller's own deadline, which the runtime reads from it.
         return self._runtime._stop_jobs()
 
     def work_counters(self) -> WorkCounters:

@@ -177,3 +177,15 @@ async def test_current_finds_the_running_drain_until_it_is_rolled_back(deps: Dep
     with pytest.raises(DrainNotFoundError):
         controller.current()
     assert controller.status(NONCE).status == "rolled-back"
+
+
+async def test_the_controller_owns_the_deadline(deps: Deps) -> None:
+    """timeout and remaining() come from the request begun, on the controller's clock."""
+    controller = DrainController(deps, clock=deps.clock)
+    assert controller.timeout == 0.0
+    controller.begin(request(timeout_ms=2000))
+    assert controller.timeout == 2.0
+    await deps.clock.advance(0.5)
+    assert controller.remaining() == 1.5
+    await deps.clock.advance(5)
+    assert controller.remaining() == 0.0

@@ -103,7 +103,8 @@ class DrainController:
         self._deps = dependencies
         self._detail = detail
         self._revision = revision
-        # Only measures how long a drain took (events, metrics); the deadline is deps.sleep.
+        # Measures the drain (events, metrics, remaining()); the deadline fires by deps.sleep,
+        # which the runtime runs on this same clock.
         self._clock: Clock = clock or SystemClock()
         self._began_at = 0.0
         # Plain ints, touched once per drain, read at scrape time (statistics()).
@@ -137,6 +138,19 @@ class DrainController:
     def state(self) -> DrainState | None:
         """The last drain's wire status, or None before the first drain."""
         return None if self._request is None else self._drain_status()
+
+    @property
+    def timeout(self) -> float:
+        """Seconds the last drain begun may take (its ``timeoutMs``); 0 before the first drain."""
+        return 0.0 if self._request is None else self._request.timeout_ms / 1000
+
+    def elapsed(self) -> float:
+        """Seconds since the last drain began, on the controller's clock."""
+        return self._clock.monotonic() - self._began_at
+
+    def remaining(self) -> float:
+        """Seconds left until the last drain's deadline (0 once it has passed)."""
+        return max(0.0, self.timeout - self.elapsed())
 
     def _drain_status(self) -> DrainState:
         # Serving again with a drain on record: that drain was rolled back.
@@ -303,7 +317,7 @@ class DrainController:
 
     def _count_end(self, outcome: str) -> None:
         self._ended[outcome] += 1
-        self._durations.append(self._clock.monotonic() - self._began_at)
+        self._durations.append(self.elapsed())
 
     def _finish(self, state: Literal["drained", "failed"], failure: str | None) -> None:
         from ..wire.drain import validate_counters
@@ -339,7 +353,7 @@ class DrainController:
         )
 
     def _elapsed(self) -> float:
-        return round(self._clock.monotonic() - self._began_at, 3)
+        return round(self.elapsed(), 3)
 
 
 async def _all(awaitables: list[Awaitable[None]]) -> None:
