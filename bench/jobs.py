@@ -115,7 +115,7 @@ async def _burn_down(factory: Any, workdir: Path, jobs: int, concurrency: int) -
             await asyncio.sleep(0.002)
         elapsed = time.perf_counter() - started
         await worker.stop(timeout=1.0)
-        stats = await store.stats()
+        stats = await store.statistics()
         if stats.done != jobs:
             raise RuntimeError(f"burn-down ended with {stats}, expected {jobs} done")
         return jobs / elapsed
@@ -154,7 +154,7 @@ async def _enqueue_many(factory: Any, workdir: Path, jobs: int) -> float:
         started = time.perf_counter()
         made = await store.enqueue_many("noop", payloads, idempotency_keys=keys)
         elapsed = time.perf_counter() - started
-        if len(made) != jobs or (await store.stats()).queued != jobs:
+        if len(made) != jobs or (await store.statistics()).queued != jobs:
             raise RuntimeError(f"enqueue_many made {len(made)} jobs, expected {jobs}")
         return jobs / elapsed
 

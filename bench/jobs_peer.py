@@ -98,8 +98,8 @@ async def _ours(dsn: str, jobs: int, concurrency: int) -> float:
             await asyncio.sleep(0.002)
         elapsed = time.perf_counter() - started
         await worker.stop(timeout=1.0)
-        if (await store.stats()).done != jobs:
-            raise RuntimeError(f"ours: expected {jobs} jobs done, got {await store.stats()}")
+        if (await store.statistics()).done != jobs:
+            raise RuntimeError(f"ours: expected {jobs} jobs done, got {await store.statistics()}")
         return jobs / elapsed
     finally:
         await store.close()

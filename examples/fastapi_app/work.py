@@ -120,5 +120,5 @@ class Work:
     # -- periodic job --------------------------------------------------------------------------
 
     async def _report(self) -> None:
-        stats = await self.store.stats()
+        stats = await self.store.statistics()
         logger.info("jobs queued=%d leased=%d done=%d", stats.queued, stats.leased, stats.done)

@@ -92,7 +92,7 @@ if TYPE_CHECKING:
     from .core.scheduler import SchedulerStatistics as SchedulerStatistics
     from .jobs import Job as Job
     from .jobs import JobState as JobState
-    from .jobs import JobStats as JobStats
+    from .jobs import JobStatistics as JobStatistics
     from .jobs import JobStore as JobStore
     from .jobs import JobWorker as JobWorker
     from .jobs import Lease as Lease

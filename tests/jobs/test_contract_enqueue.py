@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from forgezero_lifecycle._errors import IdempotencyConflictError, JobInvalidError
-from forgezero_lifecycle.jobs import JobStats
+from forgezero_lifecycle.jobs import JobStatistics
 
 from .conftest import StoreKit
 
@@ -31,7 +31,7 @@ async def test_same_key_and_payload_returns_the_existing_job(kit: StoreKit) -> N
     first = await kit.store.enqueue("email", {"b": 1, "a": 2}, idempotency_key="k1")
     again = await kit.store.enqueue("email", {"a": 2, "b": 1}, idempotency_key="k1")
     assert again.id == first.id
-    assert (await kit.store.stats()).total == 1
+    assert (await kit.store.statistics()).total == 1
 
 
 async def test_same_key_with_another_payload_or_queue_conflicts(kit: StoreKit) -> None:
@@ -42,7 +42,7 @@ async def test_same_key_with_another_payload_or_queue_conflicts(kit: StoreKit) -
     assert caught.value.code == "JOB_IDEMPOTENCY_CONFLICT"
     with pytest.raises(IdempotencyConflictError):
         await kit.store.enqueue("sms", {"a": 1}, idempotency_key="k1")
-    assert (await kit.store.stats()).total == 1
+    assert (await kit.store.statistics()).total == 1
 
 
 async def test_enqueue_without_key_never_deduplicates(kit: StoreKit) -> None:
@@ -68,7 +68,7 @@ async def test_enqueue_rejects_bad_arguments(kit: StoreKit) -> None:
             await kit.store.enqueue(queue, payload, **options)
         assert caught.value.code == "JOB_INVALID"
         assert isinstance(caught.value, ValueError)
-    assert (await kit.store.stats()).total == 0
+    assert (await kit.store.statistics()).total == 0
 
 
 async def test_enqueue_inside_the_callers_transaction(kit: StoreKit) -> None:
@@ -82,7 +82,7 @@ async def test_enqueue_inside_the_callers_transaction(kit: StoreKit) -> None:
 
     with pytest.raises(RuntimeError, match="boom"):
         await enqueue_then_fail()
-    assert (await kit.store.stats()).total == 0
+    assert (await kit.store.statistics()).total == 0
     assert not await kit.marked("rolled")
     async with kit.store.transaction() as conn:
         job = await kit.store.enqueue("q", {"n": 2}, idempotency_key="kept", conn=conn)
@@ -147,12 +147,12 @@ async def test_claim_filters_by_queue(kit: StoreKit) -> None:
 
 
 async def test_stats_count_every_state(kit: StoreKit) -> None:
-    """stats() counts queued, leased, done and dead jobs."""
+    """statistics() counts queued, leased, done and dead jobs."""
     for i in range(4):
         await kit.store.enqueue("q", {"i": i}, max_attempts=1)
     one, two, _three = await kit.store.claim("w", 3, 30.0)
     async with one.commit():
         pass
     await kit.store.fail(two, "x", retry_in=0)
-    assert await kit.store.stats() == JobStats(queued=1, leased=1, done=1, dead=1)
+    assert await kit.store.statistics() == JobStatistics(queued=1, leased=1, done=1, dead=1)
     assert await kit.store.get(10_000) is None

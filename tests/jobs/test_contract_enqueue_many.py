@@ -23,7 +23,7 @@ async def test_a_batch_comes_back_in_order_as_queued_jobs(kit: StoreKit) -> None
     }
     for job in jobs:
         assert await kit.store.get(job.id) == job
-    assert (await kit.store.stats()).queued == 5
+    assert (await kit.store.statistics()).queued == 5
 
 
 async def test_a_batch_is_idempotent_per_key_like_enqueue(kit: StoreKit) -> None:
@@ -37,10 +37,10 @@ async def test_a_batch_is_idempotent_per_key_like_enqueue(kit: StoreKit) -> None
     assert jobs[0].id == first.id
     assert jobs[1].id == jobs[2].id != first.id
     assert jobs[3].idempotency_key.startswith("auto:")
-    assert (await kit.store.stats()).total == 3
+    assert (await kit.store.statistics()).total == 3
     again = await kit.store.enqueue_many("q", [{"b": 2}], idempotency_keys=["k2"])
     assert again[0].id == jobs[1].id
-    assert (await kit.store.stats()).total == 3
+    assert (await kit.store.statistics()).total == 3
 
 
 async def test_a_stored_key_repeated_in_a_batch_returns_the_stored_job_each_time(
@@ -51,7 +51,7 @@ async def test_a_stored_key_repeated_in_a_batch_returns_the_stored_job_each_time
     jobs = await kit.store.enqueue_many("q", [{"a": 1}, {"a": 1}], idempotency_keys=["k1", "k1"])
     stored = await kit.store.get(first.id)
     assert jobs == [stored, stored]
-    assert (await kit.store.stats()).total == 1
+    assert (await kit.store.statistics()).total == 1
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,7 @@ async def test_a_conflict_anywhere_writes_nothing_of_the_batch(
     with pytest.raises(IdempotencyConflictError) as caught:
         await kit.store.enqueue_many("q", payloads, idempotency_keys=keys)
     assert caught.value.code == "JOB_IDEMPOTENCY_CONFLICT"
-    assert (await kit.store.stats()).total == 1
+    assert (await kit.store.statistics()).total == 1
     fresh = await kit.store.enqueue("q", {"other": True}, idempotency_key="fresh")
     assert fresh.payload == {"other": True}  # "fresh" was never written
 
@@ -86,7 +86,7 @@ async def test_a_batch_inside_the_callers_transaction(kit: StoreKit) -> None:
 
     with pytest.raises(RuntimeError, match="boom"):
         await enqueue_then_fail()
-    assert (await kit.store.stats()).total == 0
+    assert (await kit.store.statistics()).total == 0
     assert not await kit.marked("rolled")
     async with kit.store.transaction() as conn:
         jobs = await kit.store.enqueue_many("q", [{"n": 3}, {"n": 4}], conn=conn)
@@ -107,7 +107,7 @@ async def test_a_conflict_inside_the_callers_transaction_undoes_only_the_batch(
                 "q", [{"new": 1}, {"a": 2}], idempotency_keys=["fresh", "k1"], conn=conn
             )
     assert await kit.marked("mine")
-    assert (await kit.store.stats()).total == 1
+    assert (await kit.store.statistics()).total == 1
 
 
 async def test_a_batch_is_checked_like_enqueue_before_anything_is_written(kit: StoreKit) -> None:
@@ -127,7 +127,7 @@ async def test_a_batch_is_checked_like_enqueue_before_anything_is_written(kit: S
         with pytest.raises(JobInvalidError) as caught:
             await kit.store.enqueue_many(queue, payloads, **options)
         assert caught.value.code == "JOB_INVALID"
-    assert (await kit.store.stats()).total == 0
+    assert (await kit.store.statistics()).total == 0
     assert await kit.store.enqueue_many("q", []) == []
 
 

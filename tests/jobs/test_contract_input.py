@@ -75,7 +75,7 @@ async def assert_refused(kit: StoreKit, queue: str, payload: Any, **options: Any
         await kit.store.enqueue(queue, payload, **options)
     assert caught.value.code == "JOB_INVALID"
     assert caught.value.detail
-    assert (await kit.store.stats()).total == 0
+    assert (await kit.store.statistics()).total == 0
     return caught.value.detail
 
 

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from forgezero_lifecycle._errors import LeaseLostError
-from forgezero_lifecycle.jobs import JobStats, Lease, SQLiteJobStore
+from forgezero_lifecycle.jobs import JobStatistics, Lease, SQLiteJobStore
 from forgezero_lifecycle.jobs.postgres import PostgresJobStore
 
 from .conftest import postgres_dsn
@@ -92,7 +92,7 @@ class Shared:
 
     async def wait_done(self, total: int, seconds: float) -> None:
         with anyio.fail_after(seconds):
-            while await self.store.stats() != JobStats(done=total):  # noqa: ASYNC110 - database state
+            while await self.store.statistics() != JobStatistics(done=total):  # noqa: ASYNC110 - database state
                 await anyio.sleep(0.05)
 
 
@@ -203,7 +203,7 @@ async def test_drained_generation_releases_and_the_next_claims_at_once(shared: S
     await old.wait_line("STARTED", count=4)
     assert await old.finish(signal.SIGTERM) == 0
     assert old.starting("DRAINED") == ["DRAINED released=4"]
-    assert await shared.store.stats() == JobStats(queued=4)
+    assert await shared.store.statistics() == JobStatistics(queued=4)
     new = shared.spawn("new", "work", "--lease", "30")
     await shared.wait_done(4, seconds=10)  # far below the 30 s lease
     rows = await shared.results()

@@ -61,7 +61,7 @@ async def test_sqlite_misuse_is_reported(tmp_path: Path) -> None:
             await store.enqueue("q", {}, conn=tx)
         with pytest.raises(RuntimeError, match="ended"):
             await tx.execute("SELECT 1")
-        assert (await store.stats()).queued == 1
+        assert (await store.statistics()).queued == 1
 
 
 async def test_sqlite_writers_in_two_processes_wait_for_each_other(tmp_path: Path) -> None:

@@ -8,16 +8,16 @@ from typing import Any
 import anyio
 import pytest
 
-from forgezero_lifecycle.jobs import JobStats, JobWorker, Lease
+from forgezero_lifecycle.jobs import JobStatistics, JobWorker, Lease
 
 from .conftest import StoreKit
 
 pytestmark = pytest.mark.anyio
 
 
-async def wait_for_stats(kit: StoreKit, expected: JobStats, seconds: float = 15.0) -> None:
+async def wait_for_stats(kit: StoreKit, expected: JobStatistics, seconds: float = 15.0) -> None:
     with anyio.fail_after(seconds):
-        while await kit.store.stats() != expected:  # noqa: ASYNC110 - database state
+        while await kit.store.statistics() != expected:  # noqa: ASYNC110 - database state
             await anyio.sleep(0.02)
 
 
@@ -40,7 +40,7 @@ async def test_burn_down_completes_every_job_once(kit: StoreKit) -> None:
     jobs = [await kit.store.enqueue("write" if i % 2 else "noop", {"i": i}) for i in range(40)]
     worker.start()
     try:
-        await wait_for_stats(kit, JobStats(done=40))
+        await wait_for_stats(kit, JobStatistics(done=40))
     finally:
         await worker.stop(timeout=2.0)
     assert sorted(runs) == sorted(job.id for job in jobs)
@@ -76,7 +76,7 @@ async def test_drain_releases_unfinished_jobs_for_the_next_generation(kit: Store
     with anyio.fail_after(5):
         await old.drain(1.2)
     assert old.in_flight() == 0
-    assert await kit.store.stats() == JobStats(queued=3)
+    assert await kit.store.statistics() == JobStatistics(queued=3)
     await old.stop(timeout=0.5)
 
     new = JobWorker(kit.store, concurrency=4, lease=30.0, owner="new", idle_interval=0.05)
@@ -88,6 +88,6 @@ async def test_drain_releases_unfinished_jobs_for_the_next_generation(kit: Store
 
     new.start()
     try:
-        await wait_for_stats(kit, JobStats(done=3), seconds=5.0)  # far below the 30 s lease
+        await wait_for_stats(kit, JobStatistics(done=3), seconds=5.0)  # far below the 30 s lease
     finally:
         await new.stop(timeout=1.0)

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import psycopg
 
-from forgezero_lifecycle.jobs import JobStats, SQLiteJobStore
+from forgezero_lifecycle.jobs import JobStatistics, SQLiteJobStore
 from forgezero_lifecycle.jobs.postgres import PostgresJobStore
 
 __all__ = ["SharedJobs", "open_shared_jobs"]
@@ -47,7 +47,7 @@ class SharedJobs:
 
     async def wait_done(self, total: int, seconds: float = 30.0) -> None:
         with anyio.fail_after(seconds):
-            while await self.store.stats() != JobStats(done=total):  # noqa: ASYNC110 - database state
+            while await self.store.statistics() != JobStatistics(done=total):  # noqa: ASYNC110 - database state
                 await anyio.sleep(0.05)
 
     async def effects(self) -> list[tuple[int, int, str]]:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from forgezero_lifecycle._errors import LeaseLostError
-from forgezero_lifecycle.jobs import JobStats, Lease
+from forgezero_lifecycle.jobs import JobStatistics, Lease
 
 from ._fleet import Fleet, Generation
 from ._jobs import SharedJobs
@@ -210,7 +210,7 @@ async def test_drain_deadline_expiring_fails_with_the_counters_and_rollback_rest
         job = await sqlite_jobs.store.get(job_id)
         assert job is not None
         assert (job.attempts, job.fence) == (1, 2), "a release on drain refunds the attempt"
-    assert await sqlite_jobs.store.stats() == JobStats(done=2)
+    assert await sqlite_jobs.store.statistics() == JobStatistics(done=2)
     report(
         "drain-deadline-expired",
         failure=failed["failure"],

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from forgezero_lifecycle.jobs import JobStats, JobWorker, Lease
+from forgezero_lifecycle.jobs import JobStatistics, JobWorker, Lease
 from forgezero_lifecycle.jobs.postgres import PostgresJobStore
 from tests.jobs.conftest import postgres_dsn
 
@@ -179,16 +179,16 @@ async def test_worker_recovers_when_postgres_drops_its_connection_mid_claim(
     )
     assert database.mid_claim_kills == MID_CLAIM_KILLS
     assert statistics.last_error is not None, "no drop reached the worker"
-    assert await _stats(store) == JobStats(done=JOBS)  # the last random drops may be pooled
+    assert await _stats(store) == JobStatistics(done=JOBS)  # the last random drops may be pooled
     assert len(effects) == JOBS
     assert set(effects.values()) == {1}
 
 
-async def _stats(store: PostgresJobStore) -> JobStats:
+async def _stats(store: PostgresJobStore) -> JobStatistics:
     """Job counts, read again if the test's own connection was caught by a random drop."""
     for _ in range(5):
         try:
-            return await store.stats()
+            return await store.statistics()
         except Exception:
             await anyio.sleep(0.05)
-    return await store.stats()
+    return await store.statistics()

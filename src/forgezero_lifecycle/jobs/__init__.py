@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .sqlite import SQLiteTransaction as SQLiteTransaction
     from .store import Job as Job
     from .store import JobState as JobState
-    from .store import JobStats as JobStats
+    from .store import JobStatistics as JobStatistics
     from .store import JobStore as JobStore
     from .store import Lease as Lease
     from .worker import Handler as Handler

@@ -19,7 +19,7 @@ import orjson
 from .._errors import IdempotencyConflictError, JobStateError, LeaseLostError
 from ._enqueue import Enqueue, Listeners, prepare_enqueue, prepare_enqueue_many, queued_job
 from ._outcome import error_text
-from .store import Job, JobStats, Lease
+from .store import Job, JobStatistics, Lease
 
 __all__ = ["MemoryJobStore", "MemoryTransaction"]
 
@@ -340,11 +340,11 @@ class MemoryJobStore:
     async def get(self, job_id: int) -> Job | None:
         return self._jobs.get(job_id)
 
-    async def stats(self) -> JobStats:
+    async def statistics(self) -> JobStatistics:
         counts = dict.fromkeys(("queued", "leased", "done", "dead"), 0)
         for job in self._jobs.values():
             counts[job.state] += 1
-        return JobStats(**counts)
+        return JobStatistics(**counts)
 
 
 def _json_copy(value: Any) -> Any:

@@ -42,7 +42,7 @@ from . import _pg_sql
 from ._enqueue import Enqueue, Listeners, prepare_enqueue, prepare_enqueue_many, queued_job
 from ._outcome import error_text, result_json
 from ._pg_sql import Statements, row_to_job
-from .store import Job, JobStats, Lease
+from .store import Job, JobStatistics, Lease
 
 __all__ = ["PgConnection", "PostgresJobStore"]
 
@@ -390,6 +390,6 @@ class PostgresJobStore:
         rows = await self._fetch(self._q.get, (job_id,))
         return row_to_job(rows[0]) if rows else None
 
-    async def stats(self) -> JobStats:
+    async def statistics(self) -> JobStatistics:
         rows = await self._fetch(self._q.stats, ())
-        return JobStats(**{str(state): int(count) for state, count in rows})
+        return JobStatistics(**{str(state): int(count) for state, count in rows})

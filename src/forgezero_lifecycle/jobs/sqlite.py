@@ -38,7 +38,7 @@ from . import _sqlite_sql as q
 from ._enqueue import Listeners, prepare_enqueue, prepare_enqueue_many, queued_job
 from ._outcome import error_text, result_json
 from ._sqlite_db import SQLiteDatabase, SQLiteTransaction
-from .store import Job, JobStats, Lease
+from .store import Job, JobStatistics, Lease
 
 __all__ = ["SQLiteJobStore", "SQLiteTransaction"]
 
@@ -268,9 +268,9 @@ class SQLiteJobStore:
         rows = await self._db.read(q.GET, (job_id,))
         return q.row_to_job(rows[0]) if rows else None
 
-    async def stats(self) -> JobStats:
+    async def statistics(self) -> JobStatistics:
         rows = await self._db.read(q.STATS, ())
-        return JobStats(**{str(state): int(count) for state, count in rows})
+        return JobStatistics(**{str(state): int(count) for state, count in rows})
 
 
 def _insert(conn: sqlite3.Connection, row: tuple[Any, ...]) -> Job:

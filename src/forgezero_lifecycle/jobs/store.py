@@ -30,7 +30,7 @@ __all__ = [
     "ConnT",
     "Job",
     "JobState",
-    "JobStats",
+    "JobStatistics",
     "JobStore",
     "Lease",
 ]
@@ -62,8 +62,8 @@ class Job:
 
 @final
 @dataclass(frozen=True, slots=True)
-class JobStats:
-    """Job counts per state (read-only status)."""
+class JobStatistics:
+    """Job counts per state, as the store held them when asked."""
 
     queued: int = 0
     leased: int = 0
@@ -219,6 +219,6 @@ class JobStore(Protocol[ConnT]):
         """Read one job."""
         ...
 
-    async def stats(self) -> JobStats:
-        """Count jobs per state."""
+    async def statistics(self) -> JobStatistics:
+        """Count jobs per state (a query of the store, so awaited, unlike the worker's)."""
         ...
