@@ -152,7 +152,7 @@ class Runtime:
             intake_closed=lambda: not self.gate.is_open,
             control_token=control_token,
             handoff_token=handoff_token,
-            schedules=self._schedules_status,
+            schedules=self.scheduled_jobs,
             loopback_only=insecure_loopback_control,
             begin_drain=self._begin_from_control_plane,
         )
@@ -262,7 +262,8 @@ class Runtime:
             per_kind[participant.kind] += participant.in_flight()
         return WorkCounters(http=gate.http, websocket=gate.websocket, **per_kind)
 
-    def _schedules_status(self) -> list[object]:
+    def scheduled_jobs(self) -> list[object]:
+        """Every added scheduler's jobs, as ``schedules/v1/status`` lists them."""
         from .core.scheduler import SchedulerParticipant  # loaded by whoever built a scheduler
 
         result: list[object] = []

@@ -139,6 +139,16 @@ class StateHandoffController(Generic[T]):
         # Plain ints, touched once per export or handoff, read at scrape time (statistics()).
         self._counts = {"exported": 0, "exported_bytes": 0, "acknowledged": 0, "failed": 0}
 
+    @property
+    def protocol(self) -> str:
+        """The state adapter's protocol (what a handoff's ``protocol`` must name)."""
+        return self._codec.protocol
+
+    @property
+    def schema_version(self) -> int:
+        """The state adapter's schema version."""
+        return self._codec.schema_version
+
     # -- the old generation: export -----------------------------------------------------------
 
     async def export_state(self, source_revision: object, target_revision: object) -> StateEnvelope:

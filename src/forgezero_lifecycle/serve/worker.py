@@ -175,7 +175,7 @@ class WorkerAgent:
         if op == "status":
             return {"inFlight": self.runtime.in_flight().model_dump()}
         if op == "schedules":
-            return {"schedules": self.runtime._schedules_status()}
+            return {"schedules": self.runtime.scheduled_jobs()}
         if op == "metrics":
             document = self.runtime.published_document(paths.RUNTIME_METRICS_PATH)
             if document is None:
@@ -236,8 +236,8 @@ def _state_kind(runtime: Runtime) -> dict[str, Any] | None:
     """The protocol and schema version of the app's state adapter (None without one)."""
     if runtime.handoff is None:
         return None
-    codec = runtime.handoff._codec
-    return {"protocol": codec.protocol, "schemaVersion": codec.schema_version}
+    handoff = runtime.handoff
+    return {"protocol": handoff.protocol, "schemaVersion": handoff.schema_version}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
