@@ -16,17 +16,24 @@ Four flags, four moments of a drain (the runtime module's docstring lists its st
     closed     nothing new is admitted                                   (after not-ready grace)
     notice     WebSockets get close 1012, streams get http.disconnect   (after stream grace)
     cutoff     sends still blocked are given up, their connections too  (at the release margin)
+
+:meth:`watch` hands each of these moments but ``closed`` to a callback, synchronously, inside
+the call that begins it: a request admitted before the drain and not yet wrapped for it can be
+acted on before anything else runs (the middleware's uvicorn path, the ``serve`` server).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, final
 
-__all__ = ["GateKind", "GateStatistics", "IntakeGate"]
+__all__ = ["DrainMoment", "GateKind", "GateStatistics", "IntakeGate"]
 
 GateKind = Literal["http", "websocket"]
+#: The moments :meth:`IntakeGate.watch` reports, in the order a drain reaches them.
+DrainMoment = Literal["draining", "notice", "cutoff"]
 
 
 @final
@@ -52,6 +59,7 @@ class IntakeGate:
         "_idle_waiters",
         "_notice",
         "_open",
+        "_watchers",
         "_websocket",
         "closed_at_grace",
         "draining",
@@ -70,6 +78,7 @@ class IntakeGate:
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._notice = asyncio.Event()
         self._cutoff = asyncio.Event()
+        self._watchers: list[Callable[[DrainMoment], None]] = []
         #: Totals counted by the middleware (only on refusal and at the notice), read through
         #: :meth:`statistics`.
         self.refused_http = 0
@@ -133,25 +142,38 @@ class IntakeGate:
             if not waiter.done():
                 waiter.set_result(None)
 
+    def watch(self, watcher: Callable[[DrainMoment], None]) -> None:
+        """Call ``watcher`` at each drain moment, synchronously, before the call that begins it
+        returns: ``"draining"`` once per drain (by :meth:`begin_draining` or :meth:`close`),
+        ``"notice"`` at :meth:`end_streams`, ``"cutoff"`` at :meth:`cut_off`."""
+        self._watchers.append(watcher)
+
+    def _tell(self, moment: DrainMoment) -> None:
+        for watcher in self._watchers:
+            watcher(moment)
+
     def begin_draining(self) -> None:
         """Readiness off: admission continues, responses start asking clients to reconnect."""
-        self.draining = True
-        self._draining_event.set()
+        if not self.draining:
+            self.draining = True
+            self._draining_event.set()
+            self._tell("draining")
 
     def close(self) -> None:
         """Refuse every new unit from now on; admitted units run on."""
-        self.draining = True
-        self._draining_event.set()
+        self.begin_draining()
         self._open = False
 
     def end_streams(self) -> None:
         """Tell open WebSockets and streaming responses to end now."""
         self._notice.set()
+        self._tell("notice")
 
     def cut_off(self) -> None:
         """Give up on sends still blocked in the server's flow control (implies the notice)."""
         self._notice.set()
         self._cutoff.set()
+        self._tell("cutoff")
 
     def reopen(self) -> None:
         """Undo a drain: admit again, stop asking clients to reconnect, withdraw notice and cutoff."""
