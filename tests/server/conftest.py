@@ -29,10 +29,16 @@ def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
     """The test app (tests/server/app.py) running under one real server."""
-    kind: str = request.param
+    yield from run_test_app(request.param, "tests.server.app:app", tmp_path_factory)
+
+
+def run_test_app(
+    kind: str, target: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    """Run ``target`` under ``kind`` with the test control token, revision and stream grace."""
     running = start_server(
         kind,
-        "tests.server.app:app",
+        target,
         log_path=tmp_path_factory.mktemp("servers") / f"{kind}.log",
         environment={
             "FORGEZERO_CONTROL_TOKEN": CONTROL_TOKEN,

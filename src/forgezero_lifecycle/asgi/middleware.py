@@ -28,7 +28,14 @@ raises ``ConnectionClosedByDrainError`` (``RUNTIME_DRAIN_CONNECTION_ABANDONED``)
 abandoned: the middleware returns, the server closes it, and the count is released in time.
 What the app raises because of the drain's own ``ConnectionClosedByDrainError`` is not passed on.
 
-No per-request state lives on ``self``; everything per request is a local or a closure.
+Under uvicorn a request admitted while no drain has begun is not wrapped at all: it gets the
+server's own ``receive`` and ``send``, and the drain acts on uvicorn's request cycle instead, from
+its first instant (:mod:`forgezero_lifecycle.asgi._uvicorn`); the guarantees above hold for it
+too. Every other request, and every request under another server, goes through a per-request
+responder that does the same on the messages.
+
+No per-request state lives on ``self`` but the set of running uvicorn cycles a drain acts on;
+everything else per request is a local or a closure.
 """
 
 from __future__ import annotations
@@ -36,14 +43,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Final, final
+from typing import Any, Final, final
 
 from .._errors import ConnectionClosedByDrainError
-from ..core.gate import IntakeGate
+from ..core.gate import DrainMoment, IntakeGate
 from ..core.signal_drain import SignalDrain
 from ..wire.paths import CONTROL_PREFIX
 from ._body import discard_body
 from ._types import ASGIApp, Message, Receive, Scope, Send
+from ._uvicorn import KNOWN_CYCLES, act, given_up, learn, settle
 
 __all__ = ["InFlightMiddleware"]
 
@@ -82,6 +90,9 @@ class InFlightMiddleware:
         self._control = control
         self._exempt = exempt
         self._close_code = websocket_close_code
+        #: uvicorn request cycles admitted while serving and still running (asgi._uvicorn).
+        self._running: set[Any] = set()
+        gate.watch(self._at_drain_moment)
         self._refusal_headers: Final = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(_REFUSAL_BODY)).encode()),
@@ -123,6 +134,28 @@ class InFlightMiddleware:
             )
             await send({"type": "http.response.body", "body": _REFUSAL_BODY})
             return
+        # Under uvicorn, while serving: the server's own receive and send, and a set of running
+        # cycles that each drain moment acts on (asgi._uvicorn). In the same synchronous step as
+        # the admission, so a drain that begins later finds this request in the set.
+        cycle = getattr(send, "__self__", None)
+        known = KNOWN_CYCLES.get(type(cycle))
+        if known is None:
+            known = learn(type(cycle))
+        if known and not gate.draining:
+            running = self._running
+            running.add(cycle)
+            try:
+                await self.app(scope, receive, send)
+            except Exception as error:
+                if not (gate.draining and given_up(cycle) and _caused_by_drain(error)):
+                    raise
+            else:
+                if gate.draining:
+                    await settle(cycle)
+            finally:
+                running.discard(cycle)
+                gate.release_http()
+            return
         responder = _HttpResponder(gate, receive, send, scope["method"])
         try:
             await self.app(scope, responder.receive, responder.send)
@@ -138,6 +171,13 @@ class InFlightMiddleware:
             # Given up: return without finishing the response, so the server closes it.
         finally:
             gate.release_http()
+
+    def _at_drain_moment(self, moment: DrainMoment) -> None:
+        for cycle in list(self._running):
+            try:
+                act(moment, cycle)
+            except Exception:  # a uvicorn that changed under us: log, never stop the drain
+                logger.exception("drain.uvicorn_cycle_failed moment=%s", moment)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         gate = self._gate

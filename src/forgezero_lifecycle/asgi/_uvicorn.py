@@ -1,0 +1,184 @@
+"""The in-flight middleware under uvicorn: nothing wrapped while serving; a drain acts on the
+server's own request cycles instead.
+
+While no drain has begun, a request uvicorn serves (its ``send`` is the bound ``send`` of a
+``RequestResponseCycle``, h11 or httptools) reaches the app with the server's own ``receive``
+and ``send``; the middleware counts it and keeps its cycle in a set of running requests, which
+is all a request costs. Each drain moment then acts on the cycles in that set, synchronously
+(:meth:`~forgezero_lifecycle.core.gate.IntakeGate.watch`), so a request admitted one instruction
+before the drain begins is acted on before it can run again:
+
+* draining: a response not started yet gets ``connection: close`` among the cycle's default
+  headers and ``keep_alive = False`` (uvicorn closes the connection after it), as a wrapped
+  response would. One that started before keeps its connection, as under any server: closing
+  it after the response, without a header that says so, races a client that sends its next
+  request on it (``forgezero-lifecycle serve`` does close those: its stop answers such a race);
+* notice: the cycle's flow control is seen through :class:`DrainFlow`, which every ``receive()``
+  passes through: one after the body (waiting at the notice, or made later) returns
+  ``http.disconnect`` as if the client had left. uvicorn then drops what the app sends, as for
+  a client that left, until the app returns; the middleware then puts the connection back and
+  ends a chunked response left unfinished with an empty last chunk;
+* cutoff: a send blocked in flow control is released, and from then on a send that would block
+  raises :class:`~forgezero_lifecycle.ConnectionClosedByDrainError`; the connection is aborted once
+  the app returns.
+
+What this relies on of uvicorn (tested with 0.54 and both HTTP implementations): the cycle's
+``keep_alive``, ``default_headers``, ``response_started``, ``response_complete``,
+``disconnected``, ``more_body``, ``message_event``, ``flow`` and ``transport``, and that
+``receive()`` calls ``flow.resume_reading()`` before it waits. Any other server's requests are
+wrapped instead (:class:`~forgezero_lifecycle.asgi.middleware.InFlightMiddleware`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Final, final
+
+from .._errors import ConnectionClosedByDrainError
+from ..core.gate import DrainMoment
+
+__all__ = ["KNOWN_CYCLES", "DrainFlow", "act", "given_up", "learn", "settle"]
+
+logger = logging.getLogger("forgezero_lifecycle.middleware")
+
+ABANDONED_CODE: Final = "RUNTIME_DRAIN_CONNECTION_ABANDONED"
+_CLOSE: Final = (b"connection", b"close")
+_LAST_CHUNK: Final = {"type": "http.response.body", "body": b"", "more_body": False}
+_CYCLE_MODULES: Final = frozenset(
+    {"uvicorn.protocols.http.h11_impl", "uvicorn.protocols.http.httptools_impl"}
+)
+#: Per class of ``send.__self__``: whether it is a uvicorn cycle this path knows. Looked up on
+#: every request; :func:`learn` fills it, once per class.
+KNOWN_CYCLES: Final[dict[type, bool]] = {}
+
+
+def learn(kind: type) -> bool:
+    """Whether ``kind`` is uvicorn's ``RequestResponseCycle`` (remembered in KNOWN_CYCLES)."""
+    known = (
+        kind.__name__ == "RequestResponseCycle"
+        and kind.__module__ in _CYCLE_MODULES
+        # Telling whether the app waits in receive() reads the event's waiters (CPython's).
+        and hasattr(asyncio.Event(), "_waiters")
+    )
+    KNOWN_CYCLES[kind] = known
+    return known
+
+
+def act(moment: DrainMoment, cycle: Any) -> None:
+    """Apply one drain moment to the cycle of a request admitted before the drain."""
+    if cycle.response_complete:
+        return
+    if moment == "draining":
+        if not cycle.response_started:  # one that started already keeps its connection
+            cycle.keep_alive = False
+            cycle.default_headers = [*cycle.default_headers, _CLOSE]
+        return
+    flow = cycle.flow
+    if type(flow) is not DrainFlow:
+        flow = cycle.flow = DrainFlow(cycle, flow)
+        event = cycle.message_event
+        if not cycle.more_body and not event.is_set() and event._waiters:
+            flow.tell_disconnect()  # the app waits in receive() after its body: wake it now
+    if moment == "cutoff":
+        flow.cut = True
+        if flow.server_flow.write_paused:
+            flow.abandon()
+
+
+def given_up(cycle: Any) -> bool:
+    """Whether the cutoff gave up on this cycle's connection; if so, abandon it now."""
+    flow = cycle.flow
+    if type(flow) is DrainFlow and flow.abandoned:
+        _drop(cycle)
+        return True
+    return False
+
+
+async def settle(cycle: Any) -> None:
+    """After the app returned during a drain: end what the drain cut short."""
+    flow = cycle.flow
+    if type(flow) is not DrainFlow:
+        return
+    if given_up(cycle) or not flow.disconnected or cycle.transport.is_closing():
+        return  # abandoned, never told, or the client left for real: uvicorn's handling stands
+    cycle.disconnected = False  # the client is still there: only the app was told it left
+    if not cycle.response_started or cycle.response_complete:
+        return
+    if getattr(cycle, "chunked_encoding", None) is False:
+        return  # httptools: a declared length cannot end early, uvicorn closes the connection
+    try:
+        await cycle.send(_LAST_CHUNK)
+    except ConnectionClosedByDrainError:
+        _drop(cycle)
+    except Exception:  # h11 refuses to end a length-delimited body early
+        cycle.transport.close()
+
+
+def _drop(cycle: Any) -> None:
+    """Abandon the connection, quietly: uvicorn sees a client that left."""
+    cycle.disconnected = True
+    cycle.transport.abort()
+
+
+@final
+class DrainFlow:
+    """uvicorn's flow control of one running cycle, as the drain's notice and cutoff see it."""
+
+    __slots__ = ("_cycle", "abandoned", "cut", "disconnected", "server_flow")
+
+    def __init__(self, cycle: Any, server_flow: Any) -> None:
+        self._cycle = cycle
+        self.server_flow = server_flow
+        #: The notice told the app its client left (uvicorn's ``disconnected`` is set for it).
+        self.disconnected = False
+        #: The cutoff has come: a send that would block is given up.
+        self.cut = False
+        #: A send was blocked at the cutoff, or would have blocked after it.
+        self.abandoned = False
+
+    @property
+    def write_paused(self) -> bool:
+        return self.abandoned or bool(self.server_flow.write_paused)
+
+    @property
+    def read_paused(self) -> bool:
+        return bool(self.server_flow.read_paused)
+
+    async def drain(self) -> None:
+        if self.cut:
+            self.abandon()
+        if self.abandoned:
+            raise ConnectionClosedByDrainError(
+                ABANDONED_CODE, detail="the client did not read before the drain's deadline"
+            )
+        await self.server_flow.drain()
+
+    def pause_reading(self) -> None:
+        self.server_flow.pause_reading()
+
+    def resume_reading(self) -> None:
+        # receive() calls this before it waits: after the body, that wait is for a disconnect.
+        self.server_flow.resume_reading()
+        cycle = self._cycle
+        if not cycle.more_body and not cycle.message_event.is_set():
+            self.tell_disconnect()
+
+    def pause_writing(self) -> None:
+        self.server_flow.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.server_flow.resume_writing()
+
+    def tell_disconnect(self) -> None:
+        self.disconnected = True
+        cycle = self._cycle
+        cycle.disconnected = True
+        cycle.message_event.set()
+
+    def abandon(self) -> None:
+        if self.abandoned:
+            return
+        self.abandoned = True
+        logger.warning("drain.connection_abandoned kind=http")
+        self.server_flow.resume_writing()  # a send blocked now returns; the next one raises

@@ -1,0 +1,206 @@
+"""InFlightMiddleware under uvicorn's own protocol objects, in process: bytes in, bytes out.
+
+A request admitted while serving gets uvicorn's own ``receive`` and ``send`` (nothing wrapped);
+the drain must still reach it through uvicorn's request cycle. Each test feeds a request to a
+real ``H11Protocol`` / ``HttpToolsProtocol`` over a recording transport and moves the gate by
+hand, so the moment the drain begins is exact: no sleeps, no sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+import uvicorn
+from uvicorn.server import ServerState
+
+from forgezero_lifecycle import ConnectionClosedByDrainError
+from forgezero_lifecycle.asgi.middleware import InFlightMiddleware
+from forgezero_lifecycle.core.gate import IntakeGate
+from forgezero_lifecycle.testing import settle
+
+pytestmark = pytest.mark.anyio
+
+Message = dict[str, Any]
+App = Any
+GET = b"GET / HTTP/1.1\r\nHost: test\r\n\r\n"
+
+
+class Transport(asyncio.Transport):
+    """Records what the server writes; can stall like a client that stopped reading."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.closed = False
+        self.aborted = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(
+            name, default
+        )
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+@pytest.fixture(params=["h11", "httptools"])
+def serve(request: pytest.FixtureRequest) -> Any:
+    """``serve(app, data)``: one connection of uvicorn's ``--http`` protocol, fed ``data``."""
+
+    def start(app: App, data: bytes) -> tuple[Any, Transport]:
+        config = uvicorn.Config(app, http=request.param, lifespan="off", log_level="warning")
+        config.load()
+        protocol = config.http_protocol_class(  # type: ignore[call-arg]
+            config=config, server_state=ServerState(), app_state={}
+        )
+        transport = Transport()
+        protocol.connection_made(transport)
+        protocol.data_received(data)
+        return protocol, transport
+
+    return start
+
+
+async def notice_then(gate: IntakeGate, resume: asyncio.Event) -> None:
+    """Let the request run up to its wait, give the drain's notice, then let the app go on."""
+    await settle()
+    gate.close()
+    gate.end_streams()
+    await settle()
+    resume.set()
+    await settle()
+
+
+def head(transport: Transport) -> bytes:
+    return bytes(transport.written).split(b"\r\n\r\n", 1)[0].lower()
+
+
+async def test_requests_get_the_servers_own_send_while_serving(serve: Any) -> None:
+    """Nothing is wrapped while no drain has begun: the app is handed uvicorn's send itself."""
+    owners: list[str] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        owners.append(type(send.__self__).__name__)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    gate = IntakeGate()
+    serve(InFlightMiddleware(app, gate=gate), GET)
+    await settle()
+    assert owners == ["RequestResponseCycle"]
+    assert gate.statistics().http == 0
+
+
+async def test_a_drain_begun_right_after_admission_still_closes_the_response(serve: Any) -> None:
+    """Admitted one step before the drain begins, the response still says Connection: close
+    and the connection is closed after it."""
+    gate = IntakeGate()
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        gate.begin_draining()  # the first thing after admission, before any await
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    _, transport = serve(InFlightMiddleware(app, gate=gate), GET)
+    await settle()
+    assert b"connection: close" in head(transport)
+    assert transport.closed
+    assert not transport.aborted
+
+
+@pytest.mark.parametrize("waiting", [True, False], ids=["waiting-at-notice", "receive-later"])
+async def test_a_receive_after_the_body_gets_the_disconnect_and_the_stream_ends_cleanly(
+    serve: Any, waiting: bool
+) -> None:
+    """Whether the stream waits on receive() at the notice or calls it later, it gets
+    http.disconnect, and its unfinished chunked response ends with an empty last chunk on a
+    connection that stays usable."""
+    gate = IntakeGate()
+    later = asyncio.Event()
+    got: list[Message] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"part", "more_body": True})
+        if not waiting:
+            await later.wait()
+        got.append(await receive())
+
+    _, transport = serve(InFlightMiddleware(app, gate=gate), GET)
+    await notice_then(gate, later)
+    assert got == [{"type": "http.disconnect"}]
+    assert bytes(transport.written).endswith(b"4\r\npart\r\n0\r\n\r\n")
+    assert not transport.closed  # started before the drain: the connection is kept, as it was
+    assert gate.statistics().http == 0
+
+
+async def test_an_answer_computed_across_the_notice_is_sent_whole(serve: Any) -> None:
+    """A request that read its body and does not wait on receive() is not told to stop."""
+    gate = IntakeGate()
+    ready = asyncio.Event()
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        body = (await receive())["body"]
+        await ready.wait()
+        headers = [(b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    post = b"POST / HTTP/1.1\r\nHost: test\r\nContent-Length: 7\r\n\r\npayload"
+    _, transport = serve(InFlightMiddleware(app, gate=gate), post)
+    await notice_then(gate, ready)
+    assert b"connection: close" in head(transport)
+    assert bytes(transport.written).endswith(b"\r\n\r\npayload")
+    assert gate.statistics().http == 0
+
+
+async def test_a_send_blocked_at_the_cutoff_is_given_up_and_the_connection_abandoned(
+    serve: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The blocked send is let go, the next one raises ConnectionClosedByDrainError (an OSError),
+    the app's error stays inside, the connection is aborted and the count released."""
+    gate = IntakeGate()
+    raised: list[BaseException] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        try:
+            while True:
+                await send({"type": "http.response.body", "body": b"x", "more_body": True})
+        except OSError as error:
+            raised.append(error)
+            raise
+
+    protocol, transport = serve(InFlightMiddleware(app, gate=gate), GET)
+    protocol.pause_writing()  # the client stopped reading: the first body send blocks
+    await settle()
+    gate.close()
+    gate.end_streams()
+    await settle()
+    assert gate.statistics().http == 1
+    with caplog.at_level(logging.WARNING):
+        gate.cut_off()
+        await settle()
+    assert [type(error) for error in raised] == [ConnectionClosedByDrainError]
+    assert transport.aborted
+    assert gate.statistics().http == 0
+    assert [r.getMessage() for r in caplog.records] == ["drain.connection_abandoned kind=http"]

@@ -1,0 +1,124 @@
+"""Requests a drain finds already running, over real sockets, under every server kind.
+
+The in-flight middleware hands such a request the server's own ``receive`` and ``send`` under
+uvicorn (and ``forgezero-lifecycle serve``), and acts on uvicorn's request cycle when the drain
+begins; under any other server it wraps them. Either way the request must see the drain: a
+response it starts during the drain carries Connection: close, a ``receive()`` after its body
+returns ``http.disconnect`` once the stream grace is over, and an answer it sends without waiting
+on ``receive()`` arrives whole. Under serve a response that started before the drain closes its
+connection after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import h11
+import httpx
+import pytest
+
+from ._control import STREAM_GRACE, WireControl
+from ._servers import SERVE_KINDS, SERVER_KINDS, RunningServer
+from .conftest import run_test_app
+
+pytestmark = [pytest.mark.server, pytest.mark.anyio]
+
+#: The server kinds whose requests reach the app unwrapped (uvicorn's own request cycle).
+UNWRAPPED: frozenset[str] = frozenset(
+    {"uvicorn-h11", "uvicorn-httptools", "serve-h11", "serve-httptools"}
+)
+#: Past the stream grace, so the notice comes while the request is still running.
+PAST_GRACE = STREAM_GRACE + 0.7
+
+
+@pytest.fixture(scope="module", params=SERVER_KINDS + SERVE_KINDS)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    """This module's app under one real server (the ``http`` and ``control`` fixtures use it)."""
+    yield from run_test_app(request.param, "tests.server.in_flight_app:app", tmp_path_factory)
+
+
+def _owner_is_expected(server: RunningServer, owner: str) -> bool:
+    """The unwrapped path is taken exactly under uvicorn: a lost fast path fails here too."""
+    return (owner == "RequestResponseCycle") == (server.kind in UNWRAPPED)
+
+
+async def test_an_answer_computed_across_the_notice_arrives_whole_and_closes(
+    server: RunningServer, http: httpx.AsyncClient, control: WireControl
+) -> None:
+    """A request that read its body and works past the stream grace is not told to stop: its
+    answer, started during the drain, arrives whole and carries Connection: close."""
+    pending = asyncio.create_task(
+        http.post("/respond-later", params={"seconds": PAST_GRACE}, content=b"payload")
+    )
+    await control.wait_admitted("http")
+    nonce = await control.begin()
+    response = await pending
+
+    assert response.status_code == 200
+    assert response.content == b"payload"
+    assert response.headers["connection"] == "close"
+    assert _owner_is_expected(server, response.headers["x-send-owner"])
+    assert (await control.wait_for_status(nonce, "drained", "failed"))["status"] == "drained"
+
+
+async def test_a_receive_made_after_the_notice_returns_the_disconnect(
+    server: RunningServer, http: httpx.AsyncClient, control: WireControl
+) -> None:
+    """A stream that was not waiting on receive() at the notice still gets http.disconnect from
+    its next receive(), and its unfinished chunked response ends cleanly."""
+    before = len((await http.get("/_test/seen")).json())
+    # A client of its own: the server closes this connection after the response, which started
+    # too early to say so, and a pooled client could send its next request into that close.
+    async with (
+        httpx.AsyncClient(base_url=server.url, timeout=10.0) as streaming,
+        streaming.stream("GET", "/receive-later", params={"seconds": PAST_GRACE}) as response,
+    ):
+        lines = response.aiter_lines()
+        assert await anext(lines) == "first"
+        nonce = await control.begin()
+        rest = [line async for line in lines]  # a truncated chunked body would raise here
+
+    assert rest in ([], ["http.disconnect"])  # uvicorn drops a send made after the disconnect
+    assert (await http.get("/_test/seen")).json()[before:] == ["http.disconnect"]
+    assert _owner_is_expected(server, response.headers["x-send-owner"])
+    assert (await control.wait_for_status(nonce, "drained", "failed"))["status"] == "drained"
+
+
+@pytest.mark.parametrize("path", ["/started", "/receive-later"])
+async def test_a_response_started_before_the_drain_closes_its_connection_after_it(
+    server: RunningServer, control: WireControl, path: str
+) -> None:
+    """It can no longer carry Connection: close, so serve closes after it instead."""
+    if server.kind not in SERVE_KINDS:
+        pytest.skip("only serve closes a connection whose response started before the drain")
+    host, port = server.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        client = h11.Connection(h11.CLIENT)
+        target = f"{path}?seconds={PAST_GRACE if path == '/receive-later' else 0.3}"
+        writer.write(
+            client.send(h11.Request(method="GET", target=target, headers=[("Host", host)]))
+        )
+        writer.write(client.send(h11.EndOfMessage()))
+        await writer.drain()
+        head = await _next_event(client, reader)
+        assert isinstance(head, h11.Response)
+        assert (b"connection", b"close") not in head.headers
+        await control.begin()
+        while not isinstance(await _next_event(client, reader), h11.EndOfMessage):
+            pass
+        assert await asyncio.wait_for(reader.read(), timeout=5.0) == b""
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def _next_event(client: h11.Connection, reader: asyncio.StreamReader) -> object:
+    while True:
+        event = client.next_event()
+        if event is not h11.NEED_DATA:
+            return event
+        client.receive_data(await asyncio.wait_for(reader.read(65536), timeout=5.0))
