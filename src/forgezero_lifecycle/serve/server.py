@@ -18,6 +18,7 @@ from uvicorn.importer import import_from_string
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from ..asgi._types import ASGIApp
+from ..core.gate import DrainMoment
 from ..core.self_drain import self_drain
 from ..runtime import Runtime
 from ..wire.drain import DrainState
@@ -105,7 +106,7 @@ async def serve_app(
             server.force_exit = True
             server.should_exit = True
 
-    watcher = loop.create_task(_close_after_responses(runtime, server))
+    runtime.gate.watch(_close_after_responses(server))
     handled = (signal.SIGTERM, signal.SIGINT)
     for signum in handled:
         loop.add_signal_handler(signum, on_signal, signum)
@@ -117,7 +118,6 @@ async def serve_app(
     finally:
         for signum in handled:
             loop.remove_signal_handler(signum)
-        watcher.cancel()
     if drain is None:
         return 0 if server.started else 1
     if not drain.done():
@@ -146,20 +146,24 @@ async def _self_drain(runtime: Runtime, drain_timeout: float, server: uvicorn.Se
     return state
 
 
-async def _close_after_responses(runtime: Runtime, server: uvicorn.Server) -> None:
-    """From each drain's first instant, close every connection once its current response ends.
+def _close_after_responses(server: uvicorn.Server) -> Callable[[DrainMoment], None]:
+    """At each drain's first instant, before anything else runs, close every connection once
+    its current response ends (a gate watcher: synchronous, so no response slips through).
 
     Responses that start during the drain carry ``Connection: close`` (the middleware adds it);
-    this covers the ones that started before it, which can no longer carry the header.
+    this covers the ones that started before it, which can no longer carry the header, and the
+    requests the middleware does not count (control paths, exempt scopes).
     """
-    while True:
-        await runtime.draining.wait()
+
+    def at_moment(moment: DrainMoment) -> None:
+        if moment != "draining":
+            return
         for connection in list(server.server_state.connections):
             cycle = getattr(connection, "cycle", None)
             if cycle is not None and not cycle.response_complete:
                 cycle.keep_alive = False
-        if await runtime.drain.wait() != "rolled-back":
-            return
+
+    return at_moment
 
 
 @final
