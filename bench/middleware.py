@@ -1,17 +1,23 @@
 """In-process cost of the in-flight middleware, side by side with the bare app.
 
 Run ``python -m bench.middleware [--quick]``. A trivial ASGI app is called in a tight loop with
-a fixed scope and no-op ``receive``/``send``: bare, wrapped in :class:`InFlightMiddleware`, and
-wrapped in a Starlette ``BaseHTTPMiddleware`` that counts the same way (what many users write
-first). The same is done for a FastAPI app with and without ``runtime.install``. Variants run
-interleaved, round after round, so machine noise hits all of them alike. Targets: at most 1 µs
-added per request on the trivial app, at most 1 % on the FastAPI app.
+a fixed scope, handed the ``receive`` and ``send`` of a real uvicorn (httptools) request cycle
+over a transport that discards what is written, as uvicorn serves it: bare, wrapped in
+:class:`InFlightMiddleware`, and wrapped in the smallest pure-ASGI counting middleware (the
+floor any in-flight counter pays). For comparison, the middleware under a server it has no
+unwrapped path for (no-op ``receive``/``send`` functions: every request wrapped), and a
+Starlette ``BaseHTTPMiddleware`` that counts (what many users write first). The same is done for
+a FastAPI app with and without ``runtime.install``. Variants run interleaved, round after round,
+so machine noise hits all of them alike, and each is timed in this thread's own CPU time (on a
+shared machine, wall time also counts the moments another process had the core). Targets: at most 1 µs added per request on the trivial
+app, at most 1 % on the FastAPI app.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import statistics
 import sys
 import time
@@ -22,7 +28,10 @@ from fastapi import FastAPI
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from bench.apps.hello import _Counting
 from forgezero_lifecycle.asgi.middleware import InFlightMiddleware
 from forgezero_lifecycle.core.gate import IntakeGate
 from forgezero_lifecycle.runtime import Runtime
@@ -54,6 +63,36 @@ async def _receive() -> dict[str, Any]:
 
 async def _send(message: Any) -> None:
     return None
+
+
+class _NullTransport(asyncio.Transport):
+    """What a request cycle writes to: discarded."""
+
+    def write(self, data: Any) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def _cycle() -> RequestResponseCycle:
+    """A uvicorn request cycle, ready for one request (its body already read by the server)."""
+    transport = _NullTransport()
+    cycle = RequestResponseCycle(
+        scope=SCOPE,  # type: ignore[arg-type]
+        transport=transport,
+        flow=FlowControl(transport),
+        logger=logging.getLogger("bench"),
+        access_logger=logging.getLogger("bench"),
+        access_log=False,
+        default_headers=[],
+        message_event=asyncio.Event(),
+        expect_100_continue=False,
+        keep_alive=True,
+        on_response=lambda: None,
+    )
+    cycle.more_body = False
+    return cycle
 
 
 async def trivial(scope: Any, receive: Any, send: Any) -> None:
@@ -89,28 +128,43 @@ def fastapi_app(with_runtime: bool) -> App:
     return app
 
 
-async def per_request_ns(app: App, calls: int) -> float:
-    start = time.perf_counter_ns()
+async def per_request_ns(app: App, calls: int, *, uvicorn: bool) -> float:
+    """ns per call; ``uvicorn``: with a real request cycle's receive and send (one cycle, its
+    response state reset before each call, as uvicorn starts each request on a fresh one)."""
+    if not uvicorn:
+        start = time.thread_time_ns()
+        for _ in range(calls):
+            await app(dict(SCOPE), _receive, _send)
+        return (time.thread_time_ns() - start) / calls
+    cycle = _cycle()
+    receive, send = cycle.receive, cycle.send
+    start = time.thread_time_ns()
     for _ in range(calls):
-        await app(dict(SCOPE), _receive, _send)
-    return (time.perf_counter_ns() - start) / calls
+        cycle.response_started = cycle.response_complete = False
+        cycle.chunked_encoding = None
+        await app(dict(SCOPE), receive, send)
+    return (time.thread_time_ns() - start) / calls
 
 
 async def measure(quick: bool) -> dict[str, list[float]]:
     rounds, calls = (3, 5_000) if quick else (9, 30_000)
-    variants: dict[str, App] = {
-        "bare": trivial,
-        "inflight": InFlightMiddleware(trivial, gate=IntakeGate()),
-        "base_http": counting_base_http(trivial),
-        "fastapi": fastapi_app(with_runtime=False),
-        "fastapi_runtime": fastapi_app(with_runtime=True),
+    # name: (app, served through a uvicorn request cycle)
+    variants: dict[str, tuple[App, bool]] = {
+        "bare": (trivial, True),
+        "inflight": (InFlightMiddleware(trivial, gate=IntakeGate()), True),
+        "counting": (_Counting(trivial), True),
+        "bare_plain": (trivial, False),
+        "inflight_plain": (InFlightMiddleware(trivial, gate=IntakeGate()), False),
+        "base_http": (counting_base_http(trivial), False),
+        "fastapi": (fastapi_app(with_runtime=False), True),
+        "fastapi_runtime": (fastapi_app(with_runtime=True), True),
     }
     samples: dict[str, list[float]] = {name: [] for name in variants}
-    for app in variants.values():  # warm up (FastAPI builds its stack on the first call)
-        await per_request_ns(app, 200)
+    for app, uvicorn in variants.values():  # warm up (FastAPI builds its stack on the first call)
+        await per_request_ns(app, 200, uvicorn=uvicorn)
     for _ in range(rounds):
-        for name, app in variants.items():
-            samples[name].append(await per_request_ns(app, calls))
+        for name, (app, uvicorn) in variants.items():
+            samples[name].append(await per_request_ns(app, calls, uvicorn=uvicorn))
     return samples
 
 
@@ -133,10 +187,12 @@ def _row(metric: str, side: list[float], base: list[float], target: str) -> dict
 
 def run(quick: bool) -> list[dict[str, object]]:
     samples = asyncio.run(measure(quick))
-    bare, fast = samples["bare"], samples["fastapi"]
+    bare, fast, plain = samples["bare"], samples["fastapi"], samples["bare_plain"]
     return [
         _row("InFlightMiddleware added", samples["inflight"], bare, "≤ 1000 ns added"),
-        _row("BaseHTTPMiddleware added", samples["base_http"], bare, "(comparison)"),
+        _row("counting middleware added", samples["counting"], bare, "(comparison)"),
+        _row("InFlightMiddleware, wrapped", samples["inflight_plain"], plain, "(comparison)"),
+        _row("BaseHTTPMiddleware added", samples["base_http"], plain, "(comparison)"),
         _row(
             "FastAPI + runtime added",
             samples["fastapi_runtime"],
