@@ -45,6 +45,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final, final
 
+from .._clock import first
 from .._errors import ConnectionClosedByDrainError
 from ..core.gate import DrainMoment, IntakeGate
 from ..core.signal_drain import SignalDrain
@@ -381,20 +382,9 @@ async def _send_within(send: Send, message: Message, cutoff: asyncio.Event) -> b
 
     The send starts first, so one that does not block completes even after the cutoff.
     """
-    sending = asyncio.ensure_future(send(message))
-    waiter = asyncio.ensure_future(cutoff.wait())
-    try:
-        await asyncio.wait((sending, waiter), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        sending.cancel()
-        raise
-    finally:
-        waiter.cancel()
-    if not sending.done():
-        sending.cancel()
-        await asyncio.wait((sending,))
-        if sending.cancelled():
-            return False
+    sending = await first(send(message), cutoff.wait())
+    if sending.cancelled():
+        return False
     sending.result()  # the server's own error, if it raised one
     return True
 
@@ -417,17 +407,8 @@ async def _receive_or_notice(receive: Receive, notice: asyncio.Event) -> Message
     """The next message, or None once the stream notice is given."""
     if notice.is_set():
         return None
-    incoming = asyncio.ensure_future(receive())
-    noticed = asyncio.ensure_future(notice.wait())
-    try:
-        await asyncio.wait((incoming, noticed), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        noticed.cancel()
-        if not incoming.done():
-            incoming.cancel()
-    if incoming.done() and not incoming.cancelled():
-        return incoming.result()
-    return None
+    incoming = await first(receive(), notice.wait())
+    return None if incoming.cancelled() else incoming.result()
 
 
 def _with_connection_close(message: Message) -> Message:
