@@ -160,14 +160,12 @@ class InFlightMiddleware:
         responder = _HttpResponder(gate, receive, send, scope["method"])
         try:
             await self.app(scope, responder.receive, responder.send)
-            if responder.flags & _CUT_SHORT == _CUT_SHORT_UNFINISHED and not _declares_length(
-                responder.head
-            ):
+            if responder.cut_short and not _declares_length(responder.head):
                 await responder.send(
                     {"type": "http.response.body", "body": b"", "more_body": False}
                 )
         except Exception as error:
-            if not (responder.flags & _ABANDONED and _caused_by_drain(error)):
+            if not (responder.abandoned and _caused_by_drain(error)):
                 raise
             # Given up: return without finishing the response, so the server closes it.
         finally:
@@ -295,82 +293,93 @@ async def _lifespan_with_signals(
         signals.uninstall(final=shutting_down)
 
 
-# _HttpResponder.flags: what one request has done so far.
-_BODY_DONE: Final = 1
-_STARTED: Final = 2
-_FINISHED: Final = 4
-_DISCONNECTED: Final = 8
-#: A method whose requests carry no body: the first receive() needs no inspection.
-_BODILESS: Final = 16
-#: The drain gave up on this connection: a send was still blocked at the cutoff.
-_ABANDONED: Final = 32
 _BODILESS_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
-#: The flags that tell whether the notice cut a response short ...
-_CUT_SHORT: Final = _STARTED | _FINISHED | _DISCONNECTED
-#: ... and their value when it did: started, disconnected by the notice, last chunk not sent.
-_CUT_SHORT_UNFINISHED: Final = _STARTED | _DISCONNECTED
 
 
 @final
 class _HttpResponder:
-    """Per-request state of one admitted HTTP request (slotted: this runs on every request)."""
+    """Per-request state of one wrapped HTTP request (slotted: one per request)."""
 
-    __slots__ = ("_gate", "_receive", "_send", "flags", "head")
+    __slots__ = (
+        "_gate",
+        "_receive",
+        "_send",
+        "abandoned",
+        "bodiless",
+        "body_done",
+        "disconnected",
+        "finished",
+        "head",
+        "started",
+    )
 
     def __init__(self, gate: IntakeGate, receive: Receive, send: Send, method: str) -> None:
         self._gate = gate
         self._receive = receive
         self._send = send
-        self.flags = _BODILESS if method in _BODILESS_METHODS else 0
+        #: A method whose requests carry no body: the first receive() needs no inspection.
+        self.bodiless = method in _BODILESS_METHODS
+        #: The app has read the whole request body.
+        self.body_done = False
+        #: The response has started / sent its last body part.
+        self.started = self.finished = False
+        #: The stream notice answered a receive() with http.disconnect.
+        self.disconnected = False
+        #: The drain gave up on this connection: a send was still blocked at the cutoff.
+        self.abandoned = False
         #: The response start's headers, looked at only when the drain cuts the response short.
         self.head: Iterable[tuple[bytes, bytes]] = ()
+
+    @property
+    def cut_short(self) -> bool:
+        """The notice ended the stream after the response started, before its last part."""
+        return self.disconnected and self.started and not self.finished
 
     # receive and send are plain functions that hand back an awaitable: on the common path it is
     # the server's own, so the wrapper adds no coroutine frame per message.
 
     def receive(self) -> Awaitable[Message]:
-        flags = self.flags
-        if flags & _BODY_DONE:
+        if self.body_done:
             return self._after_body()
-        if flags & _BODILESS:
+        if self.bodiless:
             # GET, HEAD, OPTIONS: the first message is the whole (empty) body. A body sent
             # anyway is still read, but the stream notice may end it (documented).
-            self.flags = flags | _BODY_DONE
+            self.body_done = True
             return self._receive()
         return self._body()
 
     async def _body(self) -> Message:
         message = await self._receive()
         if message["type"] != "http.request" or not message.get("more_body", False):
-            self.flags |= _BODY_DONE
+            self.body_done = True
         return message
 
     async def _after_body(self) -> Message:
         # After the body only a disconnect can arrive: wait for it or for the stream notice.
         incoming = await _receive_or_notice(self._receive, self._gate.notice)
         if incoming is None:
-            self.flags |= _DISCONNECTED
+            self.disconnected = True
             return dict(_DISCONNECT)
         return incoming
 
     def send(self, message: Message) -> Awaitable[None]:
         draining = self._gate.draining
         if message["type"] == "http.response.start":
-            self.flags |= _STARTED
+            self.started = True
             self.head = message.get("headers", ())
             if draining:
                 message = _with_connection_close(message)
         elif not message.get("more_body", False):
-            self.flags |= _FINISHED
+            self.finished = True
         if draining:
             return self._send_before_cutoff(message)
         return self._send(message)
 
     async def _send_before_cutoff(self, message: Message) -> None:
-        if not self.flags & _ABANDONED:
+        if not self.abandoned:
             if await _send_within(self._send, message, self._gate.cutoff):
                 return
-            self.flags |= _ABANDONED
+            self.abandoned = True
             logger.warning("drain.connection_abandoned kind=http")
         raise ConnectionClosedByDrainError(
             _ABANDONED_CODE, detail="the client did not read before the drain's deadline"
