@@ -204,3 +204,24 @@ async def test_a_send_blocked_at_the_cutoff_is_given_up_and_the_connection_aband
     assert transport.aborted
     assert gate.statistics().http == 0
     assert [r.getMessage() for r in caplog.records] == ["drain.connection_abandoned kind=http"]
+
+
+async def test_an_app_that_fails_after_the_notice_still_gets_uvicorns_error_answer(
+    serve: Any,
+) -> None:
+    """The disconnect told to the app is undone before uvicorn handles its error: the client,
+    still there, gets uvicorn's 500 rather than nothing."""
+    gate = IntakeGate()
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        await receive()
+        if (await receive())["type"] == "http.disconnect":
+            raise RuntimeError("the app's own failure after the notice")
+
+    _, transport = serve(InFlightMiddleware(app, gate=gate), GET)
+    await settle()
+    gate.close()
+    gate.end_streams()
+    await settle()
+    assert bytes(transport.written).startswith(b"HTTP/1.1 500 ")
+    assert gate.statistics().http == 0

@@ -38,7 +38,7 @@ from typing import Any, Final, final
 from .._errors import ConnectionClosedByDrainError
 from ..core.gate import DrainMoment
 
-__all__ = ["KNOWN_CYCLES", "DrainFlow", "act", "given_up", "learn", "settle"]
+__all__ = ["KNOWN_CYCLES", "DrainFlow", "act", "given_up", "learn", "reconnect", "settle"]
 
 logger = logging.getLogger("forgezero_lifecycle.middleware")
 
@@ -95,14 +95,21 @@ def given_up(cycle: Any) -> bool:
     return False
 
 
+def reconnect(cycle: Any) -> bool:
+    """Undo the disconnect the notice told the app of, unless the client has really left;
+    True when it was undone (uvicorn writes to the connection again)."""
+    flow = cycle.flow
+    if type(flow) is not DrainFlow or not flow.disconnected or cycle.transport.is_closing():
+        return False
+    flow.disconnected = False
+    cycle.disconnected = False
+    return True
+
+
 async def settle(cycle: Any) -> None:
     """After the app returned during a drain: end what the drain cut short."""
-    flow = cycle.flow
-    if type(flow) is not DrainFlow:
-        return
-    if given_up(cycle) or not flow.disconnected or cycle.transport.is_closing():
+    if given_up(cycle) or not reconnect(cycle):
         return  # abandoned, never told, or the client left for real: uvicorn's handling stands
-    cycle.disconnected = False  # the client is still there: only the app was told it left
     if not cycle.response_started or cycle.response_complete:
         return
     if getattr(cycle, "chunked_encoding", None) is False:

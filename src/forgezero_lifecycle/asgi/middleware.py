@@ -52,7 +52,7 @@ from ..core.signal_drain import SignalDrain
 from ..wire.paths import CONTROL_PREFIX
 from ._body import discard_body
 from ._types import ASGIApp, Message, Receive, Scope, Send
-from ._uvicorn import KNOWN_CYCLES, act, given_up, learn, settle
+from ._uvicorn import KNOWN_CYCLES, act, given_up, learn, reconnect, settle
 
 __all__ = ["InFlightMiddleware"]
 
@@ -148,7 +148,10 @@ class InFlightMiddleware:
             try:
                 await self.app(scope, receive, send)
             except Exception as error:
-                if not (gate.draining and given_up(cycle) and _caused_by_drain(error)):
+                if not gate.draining:
+                    raise
+                if not (given_up(cycle) and _caused_by_drain(error)):
+                    reconnect(cycle)  # so that uvicorn can still answer the error
                     raise
             else:
                 if gate.draining:
