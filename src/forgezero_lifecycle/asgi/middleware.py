@@ -93,6 +93,10 @@ class InFlightMiddleware:
         self._close_code = websocket_close_code
         #: uvicorn request cycles admitted while serving and still running (asgi._uvicorn).
         self._running: set[Any] = set()
+        #: The class of the last uvicorn cycle seen, and of the last ``send.__self__`` that was
+        #: not one: one or two identity tests per request.
+        self._cycle_kind: type | None = None
+        self._other_kind: type | None = None
         gate.watch(self._at_drain_moment)
         self._refusal_headers: Final = [
             (b"content-type", b"application/json"),
@@ -139,10 +143,10 @@ class InFlightMiddleware:
         # cycles that each drain moment acts on (asgi._uvicorn). In the same synchronous step as
         # the admission, so a drain that begins later finds this request in the set.
         cycle = getattr(send, "__self__", None)
-        known = KNOWN_CYCLES.get(type(cycle))
-        if known is None:
-            known = learn(type(cycle))
-        if known and not gate.draining:
+        kind = type(cycle)
+        if (
+            kind is self._cycle_kind or (kind is not self._other_kind and self._is_cycle(kind))
+        ) and not gate.draining:
             running = self._running
             running.add(cycle)
             try:
@@ -173,6 +177,17 @@ class InFlightMiddleware:
             # Given up: return without finishing the response, so the server closes it.
         finally:
             gate.release_http()
+
+    def _is_cycle(self, kind: type) -> bool:
+        """Whether ``kind`` (of ``send.__self__``) is a uvicorn request cycle; remembers it."""
+        known = KNOWN_CYCLES.get(kind)
+        if known is None:
+            known = learn(kind)
+        if known:
+            self._cycle_kind = kind
+        else:
+            self._other_kind = kind
+        return known
 
     def _at_drain_moment(self, moment: DrainMoment) -> None:
         for cycle in list(self._running):
