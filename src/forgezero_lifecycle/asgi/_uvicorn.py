@@ -38,7 +38,16 @@ from typing import Any, Final, final
 from .._errors import ConnectionClosedByDrainError
 from ..core.gate import DrainMoment
 
-__all__ = ["KNOWN_CYCLES", "DrainFlow", "act", "given_up", "learn", "reconnect", "settle"]
+__all__ = [
+    "ABANDONED_CODE",
+    "KNOWN_CYCLES",
+    "DrainFlow",
+    "act",
+    "given_up",
+    "learn",
+    "reconnect",
+    "settle",
+]
 
 logger = logging.getLogger("forgezero_lifecycle.middleware")
 
@@ -48,8 +57,8 @@ _LAST_CHUNK: Final = {"type": "http.response.body", "body": b"", "more_body": Fa
 _CYCLE_MODULES: Final = frozenset(
     {"uvicorn.protocols.http.h11_impl", "uvicorn.protocols.http.httptools_impl"}
 )
-#: Per class of ``send.__self__``: whether it is a uvicorn cycle this path knows. Looked up on
-#: every request; :func:`learn` fills it, once per class.
+#: Per class of ``send.__self__``: whether it is a uvicorn cycle this path knows, filled by
+#: :func:`learn` once per class (a middleware remembers the last class itself).
 KNOWN_CYCLES: Final[dict[type, bool]] = {}
 
 

@@ -52,7 +52,7 @@ from ..core.signal_drain import SignalDrain
 from ..wire.paths import CONTROL_PREFIX
 from ._body import discard_body
 from ._types import ASGIApp, Message, Receive, Scope, Send
-from ._uvicorn import KNOWN_CYCLES, act, given_up, learn, reconnect, settle
+from ._uvicorn import ABANDONED_CODE, KNOWN_CYCLES, act, given_up, learn, reconnect, settle
 
 __all__ = ["InFlightMiddleware"]
 
@@ -62,7 +62,6 @@ _REFUSAL_BODY: Final = b'{"error":"RUNTIME_DRAINING"}'
 _DISCONNECT: Final = {"type": "http.disconnect"}
 _TRY_AGAIN_LATER: Final = 1013
 _CLOSED: Final = "RUNTIME_DRAIN_CONNECTION_CLOSED"
-_ABANDONED_CODE: Final = "RUNTIME_DRAIN_CONNECTION_ABANDONED"
 
 
 @final
@@ -268,7 +267,7 @@ class _WebSocketSession:
             elif not await _send_within(self._send, message, self._gate.cutoff):
                 self._abandon()
                 raise ConnectionClosedByDrainError(
-                    _ABANDONED_CODE, detail="the client did not read before the drain's deadline"
+                    ABANDONED_CODE, detail="the client did not read before the drain's deadline"
                 )
 
     async def close_at_notice(self) -> None:
@@ -284,7 +283,7 @@ class _WebSocketSession:
                 self._abandon()
 
     def _abandon(self) -> None:
-        self.ended = _ABANDONED_CODE
+        self.ended = ABANDONED_CODE
         logger.warning("drain.connection_abandoned kind=websocket")
 
 
@@ -400,7 +399,7 @@ class _HttpResponder:
             self.abandoned = True
             logger.warning("drain.connection_abandoned kind=http")
         raise ConnectionClosedByDrainError(
-            _ABANDONED_CODE, detail="the client did not read before the drain's deadline"
+            ABANDONED_CODE, detail="the client did not read before the drain's deadline"
         )
 
 
