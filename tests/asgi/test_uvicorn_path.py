@@ -17,6 +17,7 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from forgezero_lifecycle import ConnectionClosedByDrainError
+from forgezero_lifecycle.asgi import _uvicorn
 from forgezero_lifecycle.asgi.middleware import InFlightMiddleware
 from forgezero_lifecycle.core.gate import IntakeGate
 from forgezero_lifecycle.testing import settle
@@ -68,7 +69,7 @@ def serve(request: pytest.FixtureRequest) -> Any:
     def start(app: App, data: bytes) -> tuple[Any, Transport]:
         config = uvicorn.Config(app, http=request.param, lifespan="off", log_level="warning")
         config.load()
-        protocol = config.http_protocol_class(  # type: ignore[call-arg]
+        protocol = config.http_protocol_class(
             config=config, server_state=ServerState(), app_state={}
         )
         transport = Transport()
@@ -107,6 +108,30 @@ async def test_requests_get_the_servers_own_send_while_serving(serve: Any) -> No
     await settle()
     assert owners == ["RequestResponseCycle"]
     assert gate.statistics().http == 0
+
+
+async def test_only_a_cycle_with_all_the_path_uses_takes_it(
+    serve: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A uvicorn cycle qualifies; one of a uvicorn whose cycle lacks an attribute the drain
+    moments set (as if it had been renamed) does not, and is served by the wrapped path."""
+    monkeypatch.setattr(_uvicorn, "KNOWN_CYCLES", {})
+    cycles: list[Any] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        cycles.append(send.__self__)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    serve(app, GET)
+    await settle()
+    real = cycles[0]
+    assert _uvicorn.learn(real) is True
+    changed = type("RequestResponseCycle", (), {"__module__": type(real).__module__})()
+    vars(changed).update(vars(real))
+    del changed.default_headers
+    assert _uvicorn.learn(changed) is False
+    assert [_uvicorn.KNOWN_CYCLES[type(c)] for c in (real, changed)] == [True, False]
 
 
 async def test_a_drain_begun_right_after_admission_still_closes_the_response(serve: Any) -> None:

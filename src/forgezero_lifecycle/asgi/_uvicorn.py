@@ -62,11 +62,29 @@ _CYCLE_MODULES: Final = frozenset(
 KNOWN_CYCLES: Final[dict[type, bool]] = {}
 
 
-def learn(kind: type) -> bool:
-    """Whether ``kind`` is uvicorn's ``RequestResponseCycle`` (remembered in KNOWN_CYCLES)."""
+#: What the drain moments read and set on a cycle (instance attributes, so looked for on the
+#: first cycle of a class): a uvicorn without one of them is served by the wrapped path.
+_CYCLE_ATTRIBUTES: Final = (
+    "keep_alive",
+    "default_headers",
+    "response_started",
+    "response_complete",
+    "disconnected",
+    "more_body",
+    "message_event",
+    "flow",
+    "transport",
+)
+
+
+def learn(cycle: object) -> bool:
+    """Whether ``cycle`` (a ``send.__self__``) is a uvicorn ``RequestResponseCycle`` with all
+    this path uses; remembered per class in KNOWN_CYCLES."""
+    kind = type(cycle)
     known = (
         kind.__name__ == "RequestResponseCycle"
         and kind.__module__ in _CYCLE_MODULES
+        and all(hasattr(cycle, name) for name in _CYCLE_ATTRIBUTES)
         # Telling whether the app waits in receive() reads the event's waiters (CPython's).
         and hasattr(asyncio.Event(), "_waiters")
     )

@@ -144,7 +144,7 @@ class InFlightMiddleware:
         cycle = getattr(send, "__self__", None)
         kind = type(cycle)
         if (
-            kind is self._cycle_kind or (kind is not self._other_kind and self._is_cycle(kind))
+            kind is self._cycle_kind or (kind is not self._other_kind and self._is_cycle(cycle))
         ) and not gate.draining:
             running = self._running
             running.add(cycle)
@@ -177,11 +177,12 @@ class InFlightMiddleware:
         finally:
             gate.release_http()
 
-    def _is_cycle(self, kind: type) -> bool:
-        """Whether ``kind`` (of ``send.__self__``) is a uvicorn request cycle; remembers it."""
+    def _is_cycle(self, cycle: object) -> bool:
+        """Whether ``cycle`` (``send.__self__``) is a uvicorn request cycle; remembers its class."""
+        kind = type(cycle)
         known = KNOWN_CYCLES.get(kind)
         if known is None:
-            known = learn(kind)
+            known = learn(cycle)
         if known:
             self._cycle_kind = kind
         else:
