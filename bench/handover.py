@@ -42,7 +42,7 @@ from typing import Any, Final
 import httpx
 
 from bench._report import not_run, print_table, row
-from forgezero_lifecycle.demo.load import HttpTally, Router, Target, run_http_client
+from forgezero_lifecycle.demo.load import one_port_clients
 from forgezero_lifecycle.demo.processes import free_port, revision_of
 
 __all__ = ["run"]
@@ -150,17 +150,8 @@ async def _load_through_sighup(
 ) -> Handover:
     url = f"http://127.0.0.1:{port}"
     await _until_answering(process, url, log_path)
-    limits = httpx.Limits(max_connections=CLIENTS + 4, max_keepalive_connections=CLIENTS + 4)
-    http = httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits, trust_env=False)
-    router = Router(Target("port", url, http))
-    tally = HttpTally()
-    stop = asyncio.Event()
-    clients = [
-        asyncio.create_task(run_http_client(router, tally, stop, seed=900 + n))
-        for n in range(CLIENTS)
-    ]
     seconds: float | None = None
-    try:
+    async with one_port_clients(url, CLIENTS, seed=900) as tally:
         await asyncio.sleep(STEADY)
         before = _children(process.pid)
         sighup_at = time.monotonic()
@@ -172,10 +163,6 @@ async def _load_through_sighup(
             await asyncio.sleep(PEER_RELOAD)
         await asyncio.sleep(STEADY)
         after = _children(process.pid)
-    finally:
-        stop.set()
-        await asyncio.gather(*clients, return_exceptions=True)
-        await http.aclose()
     replaced = bool(after) and not after & before
     return Handover(
         tally.sent, tally.lost, tally.refused_then_completed, seconds, tally.problems, replaced

@@ -9,15 +9,25 @@ that goes wrong (a cut connection, a truncated stream, a 5xx) counts as lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Final, Literal, final
 
 import httpx
 import orjson
 
-__all__ = ["HttpTally", "Router", "Target", "WebSocketTally", "run_http_client", "run_websocket"]
+__all__ = [
+    "HttpTally",
+    "Router",
+    "Target",
+    "WebSocketTally",
+    "one_port_clients",
+    "run_http_client",
+    "run_websocket",
+]
 
 REFUSAL: Final = {"error": "RUNTIME_DRAINING"}
 MAX_ATTEMPTS: Final = 4
@@ -137,6 +147,27 @@ async def run_http_client(router: Router, tally: HttpTally, stop: asyncio.Event,
     while not stop.is_set():
         await _one(router, tally, rng)
         await asyncio.sleep(rng.uniform(0.005, 0.03))
+
+
+@contextlib.asynccontextmanager
+async def one_port_clients(url: str, clients: int, *, seed: int) -> AsyncIterator[HttpTally]:
+    """``clients`` keep-alive HTTP clients sending to ``url`` alone (no router to move to) while
+    the block runs; stopped and closed when it ends. Yields their tally."""
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    http = httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits, trust_env=False)
+    router = Router(Target("port", url, http))
+    tally = HttpTally()
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(run_http_client(router, tally, stop, seed=seed + n))
+        for n in range(clients)
+    ]
+    try:
+        yield tally
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await http.aclose()
 
 
 async def run_websocket(router: Router, tally: WebSocketTally, stop: asyncio.Event) -> None:

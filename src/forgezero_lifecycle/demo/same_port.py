@@ -26,9 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-import httpx
-
-from .load import HttpTally, Router, Target, run_http_client
+from .load import HttpTally, one_port_clients
 from .processes import free_port, revision_of
 
 __all__ = ["SamePortResult", "same_port_handover"]
@@ -122,16 +120,7 @@ async def _act(
 ) -> SamePortResult:
     url = f"http://127.0.0.1:{port}"
     await _wait_log(process, log_path, "supervisor.serving generation=1")
-    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
-    http = httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits, trust_env=False)
-    router = Router(Target("port", url, http))
-    tally = HttpTally()
-    stop = asyncio.Event()
-    tasks = [
-        asyncio.create_task(run_http_client(router, tally, stop, seed=500 + n))
-        for n in range(clients)
-    ]
-    try:
+    async with one_port_clients(url, clients, seed=500) as tally:
         await asyncio.sleep(seconds)
         await asyncio.to_thread(revision_file.write_text, revision_of("C2") + "\n")
         sighup_at = time.monotonic()
@@ -139,10 +128,6 @@ async def _act(
         await _wait_log(process, log_path, "supervisor.handover_done from=1 to=2")
         handover = time.monotonic() - sighup_at
         await asyncio.sleep(seconds)
-    finally:
-        stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await http.aclose()
     process.send_signal(signal.SIGTERM)
     exit_code = await asyncio.wait_for(process.wait(), BOUND)
     generations = {
