@@ -82,7 +82,7 @@ def test_a_lazy_name_is_imported_once_then_kept_on_the_module() -> None:
 def test_an_unknown_name_is_an_attribute_error() -> None:
     """A typo fails like any missing attribute, naming the module and the name."""
     with pytest.raises(AttributeError, match="'forgezero_lifecycle' has no attribute 'Runtme'"):
-        forgezero_lifecycle.Runtme  # noqa: B018
+        forgezero_lifecycle.Runtme  # noqa: B018 - the attribute access is the test
 
 
 def _package_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) -> str:

@@ -140,7 +140,7 @@ async def test_postgres_does_not_hand_out_a_connection_the_server_closed(
             await admin.execute("SELECT pg_terminate_backend(%s)", (row[0],))
             gone = "SELECT 1 FROM pg_stat_activity WHERE pid = %s"
             with anyio.fail_after(5):  # the server offers no event for a backend's exit
-                while await (await admin.execute(gone, (row[0],))).fetchone():  # noqa: ASYNC110
+                while await (await admin.execute(gone, (row[0],))).fetchone():  # noqa: ASYNC110 - polled: see above
                     await anyio.sleep(0.01)
         await anyio.sleep(0.05)  # the end of file crosses loopback
         job = await store.enqueue("q", {"after": "terminate"})

@@ -112,39 +112,13 @@ class MemoryJobStore:
         max_attempts: int = 5,
         conn: MemoryTransaction | None = None,
     ) -> Job:
-        prepared = prepare_enqueue(queue, payload, idempotency_key, delay, max_attempts)
-        text, digest, key = prepared.payload_text, prepared.payload_digest, prepared.idempotency_key
-        existing = self._existing(key, digest)
+        item = prepare_enqueue(queue, payload, idempotency_key, delay, max_attempts)
+        existing = self._existing(item.idempotency_key, item.payload_digest)
         if existing is not None:
             return existing
-        job = Job(
-            id=self._next_id,
-            queue=queue,
-            payload=orjson.loads(text),
-            idempotency_key=key,
-            state="queued",
-            attempts=0,
-            max_attempts=max_attempts,
-            run_after=self._now() + delay,
-            fence=0,
-            lease_owner=None,
-            lease_until=None,
-            last_error=None,
-            result=None,
-        )
+        job = self._new_job(self._next_id, queue, item, max_attempts, self._now() + delay)
         self._next_id += 1
-
-        def insert() -> None:
-            if self._existing(key, digest) is None:
-                self._jobs[job.id] = job
-                self._hashes[job.id] = digest
-                self._by_key[key] = job.id
-            self._listeners.notify()
-
-        if conn is None:
-            insert()
-        else:
-            conn.on_commit(insert)
+        self._insert({item.idempotency_key: (job, item.payload_digest)}, conn)
         return job
 
     async def enqueue_many(
@@ -177,6 +151,12 @@ class MemoryJobStore:
                 new[key] = (existing, digest)
             jobs.append(existing)
         self._next_id += len(new)
+        self._insert(new, conn)
+        return jobs
+
+    def _insert(self, new: dict[str, tuple[Job, str]], conn: MemoryTransaction | None) -> None:
+        """Store ``new`` (key -> job and payload digest) now, or when ``conn`` commits; a key
+        stored in between keeps its job."""
 
         def insert() -> None:
             for key, (job, digest) in new.items():
@@ -190,7 +170,6 @@ class MemoryJobStore:
             insert()
         else:
             conn.on_commit(insert)
-        return jobs
 
     def _new_job(
         self, job_id: int, queue: str, item: Enqueue, max_attempts: int, run_after: float
