@@ -31,6 +31,23 @@ REVISION_B: Final = hashlib.sha1(b"cli tests generation B").hexdigest()
 BOUND: Final = 20.0
 
 
+def popen_logged(
+    command: Sequence[str], env: dict[str, str], log_path: Path, pass_fds: Sequence[int] = ()
+) -> subprocess.Popen[bytes]:
+    """``command`` started in the project root, its output to ``log_path`` (a pipe nobody reads
+    could fill up and stall it)."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            command,
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            pass_fds=pass_fds,
+        )
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -130,15 +147,7 @@ def start_serve(tmp_path: Path) -> Iterator[StartServe]:
             "FORGEZERO_HANDOFF_TOKEN": HANDOFF_TOKEN,
             **(env or {}),
         }
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                command,
-                cwd=PROJECT_ROOT,
-                env=environment,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        process = popen_logged(command, environment, log_path)
         served = Served(f"http://127.0.0.1:{port}", process, log_path)
         started.append(served)
         deadline = time.monotonic() + BOUND

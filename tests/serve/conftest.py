@@ -24,7 +24,7 @@ from typing import Any, Final
 import httpx
 import pytest
 
-from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, start_serve
+from tests.cli.conftest import CONTROL_TOKEN, free_port, popen_logged, start_serve
 from tests.reliability.conftest import sqlite_jobs
 
 __all__ = ["sqlite_jobs", "start_serve", "start_supervised"]
@@ -195,16 +195,7 @@ def start_supervised(tmp_path: Path) -> Iterator[StartSupervised]:
                 "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
             )
             command = [sys.executable, "-c", script, *command[1:]]
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                command,
-                cwd=PROJECT_ROOT,
-                env=environment,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                pass_fds=pass_fds,
-            )
+        process = popen_logged(command, environment, log_path, pass_fds)
         served = Supervised(f"http://127.0.0.1:{port}", process, log_path, records)
         started.append(served)
         if wait:

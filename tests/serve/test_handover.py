@@ -14,7 +14,6 @@ import hashlib
 import os
 import re
 import signal
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -26,7 +25,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port
+from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, popen_logged
 from tests.reliability._constants import HANDOFF_TOKEN
 from tests.reliability._jobs import SharedJobs
 from tests.reliability._load import HttpLoad, Router, Target
@@ -360,7 +359,7 @@ async def test_peers_under_the_same_load_and_two_reloads(tmp_path: Path, kind: s
         "FZREL_STREAM_GRACE": "1.0",
     }
     process = await anyio.to_thread.run_sync(
-        lambda: _popen(_peer_command(kind, port), environment, log_path)
+        lambda: popen_logged(_peer_command(kind, port), environment, log_path)
     )
     seen: set[int] = set()
     url = f"http://127.0.0.1:{port}"
@@ -403,18 +402,6 @@ async def test_peers_under_the_same_load_and_two_reloads(tmp_path: Path, kind: s
         **verdict.counts(),
     )
     assert verdict.requests > 0
-
-
-def _popen(command: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    with log_path.open("wb") as log:
-        return subprocess.Popen(
-            command,
-            cwd=PROJECT_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
 
 
 async def _answers(url: str) -> bool:

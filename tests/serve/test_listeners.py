@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 
 import pytest
 
@@ -43,28 +45,16 @@ def test_malformed_variables_are_a_configuration_error() -> None:
 def test_an_fd_that_is_not_a_listening_socket_is_refused() -> None:
     """fd 3 holding a connected (not listening) socket: refused, and left open."""
     left, right = socket.socketpair()
-    saved = os.dup(3) if _is_open(3) else None
-    try:
-        os.dup2(left.fileno(), 3)
+    with left, right, _at_fd_3(left):
         env = {"LISTEN_FDS": "1", "LISTEN_PID": str(os.getpid())}
         with pytest.raises(ConfigurationError, match="fd 3 is not a listening stream socket"):
             systemd_listeners(env)
         assert _is_open(3)
-    finally:
-        if saved is not None:
-            os.dup2(saved, 3)
-            os.close(saved)
-        else:
-            os.close(3)
-        left.close()
-        right.close()
 
 
 def test_activated_sockets_are_taken_with_their_names_and_the_variables_removed() -> None:
     listening = socket.create_server(("127.0.0.1", 0))
-    saved = os.dup(3) if _is_open(3) else None
-    try:
-        os.dup2(listening.fileno(), 3)
+    with listening, _at_fd_3(listening):
         env = {"LISTEN_FDS": "1", "LISTEN_PID": str(os.getpid()), "LISTEN_FDNAMES": "http"}
         found = systemd_listeners(env)
         assert found is not None
@@ -72,14 +62,22 @@ def test_activated_sockets_are_taken_with_their_names_and_the_variables_removed(
         assert found[0].sock.getsockname() == listening.getsockname()
         assert "(systemd, fd 3, name http)" in found[0].describe()
         assert env == {}
-        found[0].sock.detach()  # fd 3 is restored below
+        found[0].sock.detach()  # fd 3 is restored by _at_fd_3
+
+
+@contextlib.contextmanager
+def _at_fd_3(sock: socket.socket) -> Iterator[None]:
+    """``sock`` duplicated onto fd 3, as systemd passes it; fd 3 as it was afterwards."""
+    saved = os.dup(3) if _is_open(3) else None
+    os.dup2(sock.fileno(), 3)
+    try:
+        yield
     finally:
         if saved is not None:
             os.dup2(saved, 3)
             os.close(saved)
         else:
             os.close(3)
-        listening.close()
 
 
 def _is_open(fd: int) -> bool:
