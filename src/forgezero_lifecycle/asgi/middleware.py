@@ -142,9 +142,10 @@ class InFlightMiddleware:
         # cycles that each drain moment acts on (asgi._uvicorn). In the same synchronous step as
         # the admission, so a drain that begins later finds this request in the set.
         cycle = getattr(send, "__self__", None)
-        kind = type(cycle)
+        cycle_kind = type(cycle)
         if (
-            kind is self._cycle_kind or (kind is not self._other_kind and self._is_cycle(cycle))
+            cycle_kind is self._cycle_kind
+            or (cycle_kind is not self._other_kind and self._is_cycle(cycle))
         ) and not gate.draining:
             running = self._running
             running.add(cycle)

@@ -33,6 +33,7 @@ from ..asgi._paths import app_path
 from ..asgi._types import ASGIApp, Message, Receive, Scope, Send
 from ..asgi.control import MAX_CONTROL_BODY_BYTES, ControlApp
 from ..wire import paths
+from ..wire.supervisor import ReloadAccepted
 from .channel import Channel, ChannelClosedError
 from .handovers import HandoverLog
 from .options import ServeOptions
@@ -213,7 +214,7 @@ class ForwardedControl:
         if number is None:
             detail = "a handover or the stop is running; try again once it is done"
             return _json_answer(409, {"error": "RUNTIME_RELOAD_BUSY", "detail": detail}, [])
-        return _json_answer(202, {"accepted": True, "handover": number}, [])
+        return _json_answer(202, ReloadAccepted(handover=number).model_dump(mode="json"), [])
 
     def _handover(self, forwarded: dict[str, Any]) -> dict[str, Any]:
         """``GET supervisor/v1/handover[?handover=N]`` (control token): how a handover went."""

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Final, final
 
-from ..wire.supervisor import HandoverState
+from ..wire.supervisor import HandoverState, HandoverStatus
 
 __all__ = ["RECENT", "Handover", "HandoverLog"]
 
@@ -41,15 +41,15 @@ class Handover:
         self.seconds = round(time.monotonic() - self._began, 3)
 
     def wire(self) -> dict[str, Any]:
-        """The ``supervisor/v1/handover`` answer (:class:`~..wire.supervisor.HandoverStatus`)."""
-        return {
-            "handover": self.number,
-            "state": self.state,
-            "fromGeneration": self.from_generation,
-            "toGeneration": self.to_generation,
-            "detail": self.detail,
-            "seconds": self.seconds,
-        }
+        """The ``supervisor/v1/handover`` answer, a :class:`HandoverStatus`."""
+        return HandoverStatus(
+            handover=self.number,
+            state=self.state,
+            from_generation=self.from_generation,
+            to_generation=self.to_generation,
+            detail=self.detail,
+            seconds=self.seconds,
+        ).model_dump(mode="json")
 
 
 @final
