@@ -26,7 +26,7 @@ from .connections import ConnectionStop, zero_loss_protocol
 from .options import ServeOptions
 from .sockets import ListeningSocket, accept_queue_length, refuse_new_connections
 
-__all__ = ["find_runtime", "serve_app"]
+__all__ = ["drain_then_stop", "find_runtime", "log_config", "serve_app"]
 
 logger = logging.getLogger("forgezero_lifecycle.serve")
 
@@ -77,7 +77,7 @@ async def serve_app(
         ws=options.ws,
         root_path=options.root_path,
         log_level=options.log_level,
-        log_config=_log_config(options.log_level),
+        log_config=log_config(options.log_level),
         access_log=options.access_log,
         lifespan="auto",
         timeout_graceful_shutdown=math.ceil(options.drain_timeout + SHUTDOWN_MARGIN),
@@ -100,7 +100,7 @@ async def serve_app(
             logger.info(
                 "serve.signal signal=%s: draining within %.1f s", name, options.drain_timeout
             )
-            drain = loop.create_task(_self_drain(runtime, options.drain_timeout, server))
+            drain = loop.create_task(drain_then_stop(runtime, options.drain_timeout, server))
         else:
             logger.warning("serve.forced signal=%s: stopping now", name)
             server.force_exit = True
@@ -130,7 +130,9 @@ async def serve_app(
     return 0 if state == "drained" else 1
 
 
-async def _self_drain(runtime: Runtime, drain_timeout: float, server: uvicorn.Server) -> DrainState:
+async def drain_then_stop(
+    runtime: Runtime, drain_timeout: float, server: uvicorn.Server
+) -> DrainState:
     """Drain this generation (or follow a drain already begun), then let uvicorn stop."""
     try:
         state = await self_drain(
@@ -247,7 +249,7 @@ def _http_protocol(http: str) -> type[asyncio.Protocol]:
     return cls
 
 
-def _log_config(level: str) -> dict[str, Any]:
+def log_config(level: str) -> dict[str, Any]:
     """uvicorn's logging config plus the library's loggers on uvicorn's default handler."""
     config = copy.deepcopy(LOGGING_CONFIG)
     config["loggers"]["forgezero_lifecycle"] = {

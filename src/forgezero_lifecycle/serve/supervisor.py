@@ -53,7 +53,7 @@ from .handovers import Handover, HandoverLog
 from .listeners import Listener, held_listeners
 from .options import ServeOptions, read_revision
 from .process import StartFailedError, WorkerProcess
-from .server import SHUTDOWN_MARGIN, _log_config
+from .server import SHUTDOWN_MARGIN, log_config
 from .sockets import accept_queue_length, refuse_new_connections
 
 __all__ = ["Supervisor", "run_supervisor"]
@@ -72,7 +72,7 @@ REPLACE_BACKOFF: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
 
 def run_supervisor(app: str, options: ServeOptions) -> int:
     """Bind (or inherit) the sockets, run generations until stopped; the exit code."""
-    logging.config.dictConfig(_log_config(options.log_level))
+    logging.config.dictConfig(log_config(options.log_level))
     if options.control_token is None and not options.insecure_loopback_control:
         raise ConfigurationError(
             detail="serve --workers needs a control token (FORGEZERO_CONTROL_TOKEN or "

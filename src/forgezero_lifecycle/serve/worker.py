@@ -48,7 +48,7 @@ from .channel import Channel, ChannelClosedError, read_frame_blocking
 from .command import load_app
 from .forwarding import GenerationControl
 from .options import ServeOptions
-from .server import _self_drain, serve_app
+from .server import drain_then_stop, serve_app
 
 __all__ = ["PARENT_DEATH_SIGNAL", "main"]
 
@@ -153,7 +153,7 @@ class WorkerAgent:
             if server is not None:
                 server.should_exit = True  # still starting: nothing admitted to drain
             return
-        self._spawn(_self_drain(self.runtime, self.options.drain_timeout, server))
+        self._spawn(drain_then_stop(self.runtime, self.options.drain_timeout, server))
 
     async def handle(self, message: dict[str, Any]) -> dict[str, Any] | None:
         op = message.get("op")
