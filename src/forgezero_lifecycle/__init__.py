@@ -78,7 +78,10 @@ if TYPE_CHECKING:
     from .client import new_nonce as new_nonce
     from .core.drain import DrainController as DrainController
     from .core.drain import DrainDependencies as DrainDependencies
+    from .core.drain import DrainStatistics as DrainStatistics
+    from .core.gate import GateStatistics as GateStatistics
     from .core.gate import IntakeGate as IntakeGate
+    from .core.handoff import HandoffStatistics as HandoffStatistics
     from .core.handoff import StateAdapter as StateAdapter
     from .core.handoff import StateHandoffController as StateHandoffController
     from .core.participant import WorkParticipant as WorkParticipant
