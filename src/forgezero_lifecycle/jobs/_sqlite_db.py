@@ -203,8 +203,11 @@ class SQLiteDatabase:
 
     async def op(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a store statement on the thread; database failures become JobStoreError."""
+        thread = self._thread
+        if thread is None:
+            raise JobStoreError(detail=_NOT_OPEN)
         try:
-            return await self.call(fn, *args)
+            return await thread.submit(fn, *args)
         except sqlite3.Error as exc:
             raise JobStoreError(detail=f"SQLite: {exc}") from exc
 
@@ -234,9 +237,18 @@ class SQLiteDatabase:
                 self._holder = None
 
     async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction, in one hop to the thread."""
-        async with self.locked():
-            return await self.op(self._in_tx, fn)
+        """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction, in one hop to the thread.
+
+        While nobody holds the writer, the hop is queued without taking the lock: the thread
+        runs calls in submission order, so this whole transaction (``BEGIN`` to ``COMMIT`` in
+        one call) runs before the ``BEGIN`` of any transaction whose holder takes the lock
+        after it. While a transaction is open (its statements span awaits), the write waits
+        for the lock as before, and a task writing inside its own transaction is refused.
+        """
+        if self._lock.locked():
+            async with self.locked():
+                return await self.op(self._in_tx, fn)
+        return await self.op(self._in_tx, fn)
 
     def _in_tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         conn = self.writer()
