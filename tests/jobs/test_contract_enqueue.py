@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import pytest
 
@@ -95,15 +96,19 @@ async def test_enqueue_inside_the_callers_transaction(kit: StoreKit) -> None:
 async def test_enqueues_of_other_tasks_never_join_an_open_transaction(kit: StoreKit) -> None:
     """A plain enqueue is its own transaction, whether it starts before or during another
     task's transaction: that transaction's rollback never takes it."""
+
+    async def enqueue_then_fail(tg: anyio.abc.TaskGroup) -> None:
+        async with kit.store.transaction() as conn:
+            await kit.store.enqueue("inside", {"n": 2}, conn=conn)
+            tg.start_soon(kit.store.enqueue, "during", {"n": 3})
+            await anyio.lowlevel.checkpoint()
+            raise RuntimeError("boom")
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(kit.store.enqueue, "before", {"n": 1})
         await anyio.lowlevel.checkpoint()  # the enqueue is under way, not finished
         with pytest.raises(RuntimeError, match="boom"):
-            async with kit.store.transaction() as conn:
-                await kit.store.enqueue("inside", {"n": 2}, conn=conn)
-                tg.start_soon(kit.store.enqueue, "during", {"n": 3})
-                await anyio.lowlevel.checkpoint()
-                raise RuntimeError("boom")
+            await enqueue_then_fail(tg)
     queues = {lease.job.queue for lease in await kit.store.claim("w", 10, 30.0)}
     assert queues == {"before", "during"}
 
