@@ -14,7 +14,9 @@
   and back for every transaction; so a fourth side runs the baseline's own statements through
   one such hop (:class:`~forgezero_lifecycle.jobs._sqlite_db.StatementThread`, no library code):
   its ratio, in the note, is the price of keeping SQLite's I/O off the loop. The ratio itself
-  still compares against the on-loop baseline.
+  still compares against the on-loop baseline. Every side pays the same commit (fsync); the
+  hop, the row's indexes and the library's CPU are a roughly fixed cost on top, so the ratio
+  falls when the disk's commits get fast (and rises when a neighbour makes them slow).
 * **enqueue_many**: ``store.enqueue_many`` of 10,000 jobs (one transaction). Baseline: the same
   rows as one plain multi-row insert in one transaction (``executemany`` on SQLite, one
   ``INSERT ... SELECT FROM unnest`` on PostgreSQL).
