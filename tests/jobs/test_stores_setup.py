@@ -6,6 +6,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psycopg
@@ -145,6 +146,36 @@ async def test_postgres_does_not_hand_out_a_connection_the_server_closed(
         await anyio.sleep(0.05)  # the end of file crosses loopback
         job = await store.enqueue("q", {"after": "terminate"})
         assert await store.get(job.id) == job
+
+
+@pytest.mark.postgres
+async def test_postgres_pool_exhaustion_is_a_store_error(pg_dsn: str, pg_schema: str) -> None:
+    """A pool with no connection to give within its timeout fails enqueue with JobStoreError."""
+    from psycopg_pool import AsyncConnectionPool
+
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        pg_dsn, min_size=1, max_size=1, timeout=0.2, open=False, kwargs={"autocommit": True}
+    )
+    await pool.open(wait=True)
+    try:
+        async with PostgresJobStore(pool=pool, schema=pg_schema) as store:
+            held = await pool.getconn()  # the pool's only connection
+            try:
+                with pytest.raises(JobStoreError, match="PoolTimeout"):
+                    await store.enqueue("q", {"n": 1})
+                with pytest.raises(JobStoreError, match="PoolTimeout"):
+                    await _open_transaction(store)
+            finally:
+                await pool.putconn(held)
+            job = await store.enqueue("q", {"n": 2})  # and the store works again
+            assert await store.get(job.id) == job
+    finally:
+        await pool.close()
+
+
+async def _open_transaction(store: PostgresJobStore) -> None:
+    async with store.transaction():
+        pass
 
 
 def test_postgres_arguments_are_validated() -> None:
