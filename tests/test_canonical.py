@@ -21,7 +21,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forgezero_lifecycle._canonical import MAX_DEPTH, _exact, _fast, canonical_json, state_digest
+from forgezero_lifecycle._canonical import (
+    MAX_DEPTH,
+    _exact,
+    _fast,
+    canonical_json,
+    canonical_json_of_parsed,
+    state_digest,
+)
 from forgezero_lifecycle._errors import StateInputInvalidError
 
 from .conformance._vectors import expected, vectors
@@ -397,3 +404,61 @@ def _outcome(encode: Any, value: object) -> bytes | str:
 def test_fast_encoder_gives_the_exact_encoders_bytes(value: object) -> None:
     """On random JSON values (floats, big ints, astral and surrogate text) both agree."""
     assert _outcome(canonical_json, value) == _outcome(fast, value) == _outcome(exact, value)
+
+
+_NUMBER_TEXTS = st.sampled_from(
+    [
+        *("0", "-0", "0.0", "-0.0", "100.0", "1E2", "1e16", "1.5e16", "1e21", "1e-5", "1e-6"),
+        *("5e-6", "1e-7", "0.1", "9007199254740993", "18446744073709551616", "1.7e308"),
+    ]
+)
+_PARSED_TEXT = st.recursive(
+    _NUMBER_TEXTS | _TEXT.map(json.dumps) | st.sampled_from(["true", "false", "null"]),
+    lambda children: (
+        st.lists(children, max_size=6).map(lambda items: "[" + ",".join(items) + "]")
+        | st.dictionaries(_TEXT.map(json.dumps), children, max_size=6).map(
+            lambda members: "{" + ",".join(f"{k}:{v}" for k, v in members.items()) + "}"
+        )
+    ),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=500, database=None)
+@given(_PARSED_TEXT)
+def test_canonical_json_of_what_orjson_parsed_is_canonical_json(text: str) -> None:
+    """On what orjson.loads returns (floats, ints, astral text), both give the same outcome."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return  # a lone surrogate or a number beyond a double: the exact parser's, never this path
+    assert _outcome(canonical_json_of_parsed, value) == _outcome(canonical_json, value)
+
+
+def test_canonical_json_of_parsed_passes_every_vector_orjson_reads() -> None:
+    """Every canonical vector orjson can read gives the JavaScript module's bytes."""
+    read = 0
+    for vector in vectors("canonical"):
+        try:
+            value = orjson.loads(vector["input"]["json"])
+        except orjson.JSONDecodeError:
+            continue
+        read += 1
+        want = expected(vector)
+        if "throws" in want:
+            with pytest.raises(StateInputInvalidError):
+                canonical_json_of_parsed(value)
+        else:
+            assert canonical_json_of_parsed(value) == want["canonical"].encode(), vector["id"]
+    assert read > 50
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"a":100.0}', '{"a":-0.0}', '{"a":1e16}', '{"a":5e-6}', '{"a":"1.0,","b":1.5}'],
+)
+def test_float_tokens_orjson_prints_otherwise_leave_the_shortcut(text: str) -> None:
+    """An integral or exponent float (or such text in a string) is encoded by the full path."""
+    value = orjson.loads(text)
+    assert _fast.encode_parsed(value) is None
+    assert canonical_json_of_parsed(value) == canonical_json(value)

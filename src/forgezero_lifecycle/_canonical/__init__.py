@@ -32,7 +32,7 @@ from .._errors import StateInputInvalidError
 from . import _exact, _fast
 from ._exact import MAX_DEPTH
 
-__all__ = ["MAX_DEPTH", "canonical_json", "digest_of", "state_digest"]
+__all__ = ["MAX_DEPTH", "canonical_json", "canonical_json_of_parsed", "digest_of", "state_digest"]
 
 
 def canonical_json(value: object) -> bytes:
@@ -52,6 +52,20 @@ def canonical_json(value: object) -> bytes:
         ):  # the latter on a deep stack
             pass
     return _exact.encode(value, 0).encode()  # or refuses, naming the place of the fault
+
+
+def canonical_json_of_parsed(value: object) -> bytes:
+    """:func:`canonical_json` of a value that ``orjson.loads`` returned, the same bytes or error.
+
+    Only for such a value (exact JSON types, finite floats, no lone surrogate): when orjson's
+    sorted encoding has no float token ECMAScript prints otherwise, it is the canonical JSON and
+    is returned as it is; else :func:`canonical_json` does the work.
+    """
+    if _fast.ENABLED:
+        encoded = _fast.encode_parsed(value)
+        if encoded is not None:
+            return encoded
+    return canonical_json(value)
 
 
 def state_digest(value: object) -> str:

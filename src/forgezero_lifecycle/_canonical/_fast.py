@@ -26,7 +26,7 @@ import orjson
 from . import _exact
 from ._exact import format_number, quote, scalar, sorted_keys
 
-__all__ = ["ENABLED", "RefusedError", "encode"]
+__all__ = ["ENABLED", "RefusedError", "encode", "encode_parsed"]
 
 #: From this depth on the fast encoder hands subtrees to the iterative one (orjson stops at 255).
 _FAST_DEPTH: Final = 64
@@ -105,6 +105,28 @@ def encode(value: object, depth: int) -> bytes:
         return _assemble(value, depth)
     floats = _floats(value, len(encoded))
     return _ecmascript_floats(encoded, floats) if floats else encoded
+
+
+def encode_parsed(value: object) -> bytes | None:
+    """orjson's bytes of a value orjson read, when they are already canonical; else None.
+
+    Such a value holds only the exact JSON types, finite floats and well-formed strings (see
+    :func:`forgezero_lifecycle.core._document.read_document`), so the walk of :func:`_floats`,
+    whose work is to find what is not JSON and the floats, has nothing to find but floats. A
+    float orjson prints unlike ECMAScript is an integral one (``100.0``, ``-0.0``) or one in
+    exponent form: if neither token shows anywhere in the bytes (inside strings included, to
+    stay on the safe side), every float is printed as ECMAScript prints it, and the bytes are the
+    canonical ones. Otherwise None: :func:`encode` decides.
+    """
+    try:
+        encoded = orjson.dumps(value, option=_ORJSON_OPTIONS)
+    except orjson.JSONEncodeError:  # an int beyond 2**53, too deep
+        return None
+    if not encoded.isascii() and _mixes_planes(encoded):
+        return None
+    if _INTEGRAL.search(encoded) is not None or _EXPONENT.search(encoded) is not None:
+        return None
+    return encoded
 
 
 def _mixes_planes(encoded: bytes) -> bool:
