@@ -20,11 +20,11 @@ import functools
 import gc
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, ParamSpec, TypeVar, final
+from typing import Any, Generic, ParamSpec, TypeVar, cast, final
 
 from pydantic import BaseModel
 
-from .._canonical import canonical_json, digest_of
+from .._canonical import canonical_json, canonical_json_of_parsed, digest_of
 from .._errors import (
     LifecycleError,
     StateExportError,
@@ -41,6 +41,7 @@ from ..wire.handoff import (
     StateHandoffRequest,
     StateImportContext,
 )
+from ._document import read_document
 from ._state_value import accepts, adapter_int, dumped, load, refuse_secret_fields
 
 __all__ = ["StateCodec"]
@@ -108,6 +109,25 @@ class StateCodec(Generic[T]):
         self, cursor: object, value: object, source: str, target: str
     ) -> tuple[StateEnvelope, bytes]:
         """The envelope of an exported ``(cursor, value)``, and its canonical JSON document."""
+        signed, document = self._seal(cursor, value, source, target)
+        return StateEnvelope.model_validate(signed), document
+
+    @gc_paused
+    def seal_document(
+        self, cursor: object, value: object, source: str, target: str
+    ) -> tuple[str, bytes]:
+        """The digest and canonical JSON document of :meth:`seal`, without the envelope model.
+
+        The dumped value dies before the collector runs again, so it is never scanned: what
+        the export endpoint needs.
+        """
+        signed, document = self._seal(cursor, value, source, target)
+        return cast("str", signed["digest"]), document
+
+    def _seal(
+        self, cursor: object, value: object, source: str, target: str
+    ) -> tuple[dict[str, object], bytes]:
+        """The signed envelope as JSON data, and its canonical JSON document."""
         if not isinstance(cursor, str) or CURSOR_PATTERN.fullmatch(cursor) is None:
             raise _export_invalid("the cursor must match " + CURSOR_PATTERN.pattern)
         if not isinstance(value, self.model):
@@ -129,13 +149,28 @@ class StateCodec(Generic[T]):
         # value's bytes are reused instead of encoding a megabyte again.
         head = {key: item for key, item in signed.items() if key != "value"}
         document = canonical_json(head)[:-1] + b',"value":' + _value_bytes(unsigned, encoded) + b"}"
-        return StateEnvelope.model_validate(signed), document
+        return signed, document
 
     @gc_paused
     def open(
         self, request: StateHandoffRequest, envelope: dict[str, Any]
     ) -> tuple[T, StateImportContext]:
         """The typed value of a fetched envelope and the context to import it with."""
+        return self._open(request, envelope, parsed_by_orjson=False)
+
+    @gc_paused
+    def open_body(self, request: StateHandoffRequest, body: bytes) -> tuple[T, StateImportContext]:
+        """:meth:`open` of a fetched body, read strictly as JSON (:mod:`._document`) first.
+
+        Reading and opening are one collector-paused step, and the parsed envelope dies inside
+        it: the collector that runs next only scans the typed value, which outlives the step.
+        """
+        envelope, by_orjson = read_document(body)
+        return self._open(request, envelope, parsed_by_orjson=by_orjson)
+
+    def _open(
+        self, request: StateHandoffRequest, envelope: dict[str, Any], *, parsed_by_orjson: bool
+    ) -> tuple[T, StateImportContext]:
         cursor, digest = envelope.get("cursor"), envelope.get("digest")
         schema = envelope.get("schemaVersion")
         if not (
@@ -159,7 +194,9 @@ class StateCodec(Generic[T]):
         value = envelope["value"]
         source, target = request.source_revision, request.target_revision
         unsigned = self._unsigned(cursor, value, source, target, schema)
-        encoded = self._canonical(unsigned, value, _envelope_invalid())
+        encoded = self._canonical(
+            unsigned, value, _envelope_invalid(), parsed_by_orjson=parsed_by_orjson
+        )
         try:
             typed = load(self.model, _value_bytes(unsigned, encoded))
         except ValueError:
@@ -204,10 +241,22 @@ class StateCodec(Generic[T]):
             raise _export_invalid("the value fails its model")
         return data
 
-    def _canonical(self, unsigned: object, value: object, refused: LifecycleError) -> bytes:
-        """canonical_json of ``unsigned``; a value the model refuses fails as ``refused`` first."""
+    def _canonical(
+        self,
+        unsigned: object,
+        value: object,
+        refused: LifecycleError,
+        *,
+        parsed_by_orjson: bool = False,
+    ) -> bytes:
+        """canonical_json of ``unsigned``; a value the model refuses fails as ``refused`` first.
+
+        ``parsed_by_orjson``: ``unsigned`` holds what ``orjson.loads`` returned (and fields
+        of the request), so :func:`canonical_json_of_parsed` gives the same bytes faster.
+        """
+        encode = canonical_json_of_parsed if parsed_by_orjson else canonical_json
         try:
-            return canonical_json(unsigned)
+            return encode(unsigned)
         except StateInputInvalidError:
             if not accepts(self.model, value):
                 raise refused from None

@@ -9,36 +9,28 @@ Port rules kept here (``tests/conformance/vectors.json`` ``meta.format_notes.por
   never inflates past the limit); reading stops as soon as more than ``limit`` bytes arrived, and
   a ``Content-Length`` announcing more fails before the body is read:
   ``RUNTIME_STATE_SOURCE_TOO_LARGE``.
-* D6: strict UTF-8 (one leading BOM skipped), strict JSON (no ``NaN``/``Infinity``), an object at
-  the top level; anything else is ``RUNTIME_STATE_ENVELOPE_INVALID``.
+* D6: strict UTF-8, strict JSON, an object at the top level: :mod:`._document`, which reads the
+  body :func:`fetch_body` returns (:func:`fetch_document` does both).
 * D7: refused, reset or truncated connections are ``RUNTIME_STATE_SOURCE_UNREACHABLE``; the
   caller owns the deadline (``RUNTIME_STATE_TIMEOUT``).
-
-The envelope must parse exactly what ``JSON.parse`` accepts: lone surrogate escapes, numbers
-beyond the double range (they become ``inf`` and then fail canonical JSON with
-``RUNTIME_STATE_VALUE_INVALID``, as in JavaScript) and integers of any length. orjson refuses all
-three, so it parses first (twice as fast on a 1 MiB envelope) and whatever it refuses is parsed
-again by the standard library's exact path, which has the final word.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import re
 import zlib
 from typing import Any, Final
 
 import httpx
-import orjson
 
 from .._errors import StateTransferFailedError
+from ._document import parse_document
 
-__all__ = ["fetch_document", "parse_document"]
+__all__ = ["fetch_body", "fetch_document", "loopback_transport", "parse_document"]
 
 _LENGTH: Final = re.compile(r"[0-9]+")
-_BOM: Final = b"\xef\xbb\xbf"
 #: What ``localhost`` is connected as, in this order.
 _LOCALHOST_LITERALS: Final = ("127.0.0.1", "::1")
 
@@ -95,6 +87,13 @@ async def fetch_document(
     url: str, authorization: str, *, transport: httpx.AsyncBaseTransport | None, limit: int
 ) -> dict[str, Any]:
     """GET ``url`` with ``Authorization`` and return the envelope as a parsed JSON object."""
+    return parse_document(await fetch_body(url, authorization, transport=transport, limit=limit))
+
+
+async def fetch_body(
+    url: str, authorization: str, *, transport: httpx.AsyncBaseTransport | None, limit: int
+) -> bytes:
+    """GET ``url`` with ``Authorization`` and return the decoded body, at most ``limit`` bytes."""
     # Only the Authorization header is set, as the JavaScript `@forgezero/runtime` lifecycle module
     # does; httpx adds Host. No client defaults (Accept-Encoding, User-Agent...) since the request
     # is built directly.
@@ -113,7 +112,7 @@ async def fetch_document(
         raise StateTransferFailedError("RUNTIME_STATE_TIMEOUT") from None
     except (httpx.TransportError, OSError):
         raise StateTransferFailedError("RUNTIME_STATE_SOURCE_UNREACHABLE") from None
-    return parse_document(body)
+    return body
 
 
 async def _read_body(response: httpx.Response, limit: int) -> bytes:
@@ -180,35 +179,3 @@ class _Inflater:
             else:
                 data = self._z.unconsumed_tail
         return bytes(out)
-
-
-def parse_document(body: bytes) -> dict[str, Any]:
-    """Decode a body strictly (UTF-8, strict JSON) and return its top-level JSON object."""
-    if body.startswith(_BOM):
-        body = body[len(_BOM) :]
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        document = _parse_exactly(body)
-    if not isinstance(document, dict):
-        raise StateTransferFailedError("RUNTIME_STATE_ENVELOPE_INVALID")
-    return document
-
-
-def _parse_exactly(body: bytes) -> Any:
-    """What ``JSON.parse`` makes of ``body``, or ``RUNTIME_STATE_ENVELOPE_INVALID``."""
-    try:
-        return json.loads(
-            body.decode("utf-8"), parse_constant=_refuse_constant, parse_int=_parse_int
-        )
-    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
-        raise StateTransferFailedError("RUNTIME_STATE_ENVELOPE_INVALID") from None
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _parse_int(text: str) -> int | float:
-    # JSON.parse reads every number as a double; past the double range that is Infinity.
-    return int(text) if len(text) <= 400 else float(text)

@@ -129,7 +129,7 @@ class StateHandoffController(Generic[T]):
         # not by every runtime that imports this module.
         from . import _fetch
 
-        self._fetch = _fetch.fetch_document
+        self._fetch = _fetch.fetch_body
         self._transport = transport or _fetch.loopback_transport()
         self._clock: Clock = SystemClock() if clock is None else clock
         self._request: StateHandoffRequest | None = None
@@ -153,17 +153,23 @@ class StateHandoffController(Generic[T]):
 
     async def export_state(self, source_revision: object, target_revision: object) -> StateEnvelope:
         """The signed envelope of the adapter's current state."""
-        envelope, _ = await self._export(source_revision, target_revision)
+        cursor, value, source, target = await self._exported(source_revision, target_revision)
+        envelope, document = self._codec.seal(cursor, value, source, target)
+        self._exported_as(target, envelope.digest, len(document))
         return envelope
 
     async def export_document(self, source_revision: object, target_revision: object) -> bytes:
         """The same envelope as canonical JSON bytes, as the export endpoint serves it."""
-        _, document = await self._export(source_revision, target_revision)
+        cursor, value, source, target = await self._exported(source_revision, target_revision)
+        # No envelope model: the dumped value dies inside the sealing step.
+        digest, document = self._codec.seal_document(cursor, value, source, target)
+        self._exported_as(target, digest, len(document))
         return document
 
-    async def _export(
+    async def _exported(
         self, source_revision: object, target_revision: object
-    ) -> tuple[StateEnvelope, bytes]:
+    ) -> tuple[object, object, str, str]:
+        """The adapter's ``(cursor, value)`` for checked revisions, and the revisions."""
         if not is_revision(source_revision):
             raise StateInputInvalidError("RUNTIME_STATE_REVISION_INVALID")
         if not is_revision(target_revision):
@@ -179,18 +185,19 @@ class StateHandoffController(Generic[T]):
             raise
         except Exception as exc:
             raise _export_invalid(f"export_state raised {type(exc).__name__}") from exc
-        envelope, document = self._codec.seal(cursor, value, source_revision, target_revision)
+        return cursor, value, source_revision, target_revision
+
+    def _exported_as(self, target_revision: str, digest: str, size: int) -> None:
         self._counts["exported"] += 1
-        self._counts["exported_bytes"] += len(document)
+        self._counts["exported_bytes"] += size
         emit(
             logger,
             logging.INFO,
             "handoff.exported",
             target_revision=target_revision,
-            bytes=len(document),
-            digest=envelope.digest,
+            bytes=size,
+            digest=digest,
         )
-        return envelope, document
 
     # -- the new generation: begin, status -----------------------------------------------------
 
@@ -256,9 +263,9 @@ class StateHandoffController(Generic[T]):
             limit = self._codec.maximum_bytes + SOURCE_SLACK_BYTES
             auth = request.source.authorization
             fetch = self._fetch(url, auth, transport=self._transport, limit=limit)
-            document = await self._within(fetch, seconds)
+            body = await self._within(fetch, seconds)
             emit(logger, logging.INFO, "handoff.fetched", nonce_prefix=nonce_prefix(request.nonce))
-            value, context = self._codec.open(request, document)
+            value, context = self._codec.open_body(request, body)
             try:
                 await self._adapter.import_state(value, context)
             except LifecycleError:
