@@ -46,3 +46,26 @@ def test_the_first_fetch_imports_nothing_the_transport_did_not_load() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert ast.literal_eval(done.stdout.strip()) == []
+
+
+_CLI_SCRIPT = """
+import sys
+from forgezero_lifecycle.core import _fetch
+print("rich" in sys.modules, "httpx._main" in sys.modules)
+import httpx._main
+print("rich" in sys.modules)
+"""
+
+
+def test_the_fetch_imports_httpx_without_its_command_line_client() -> None:
+    """httpx's CLI (rich and pygments, installed here by the dev tools) is not loaded by the
+    fetch, and ``import httpx._main`` still works afterwards."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CLI_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "True"]

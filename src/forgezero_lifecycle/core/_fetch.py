@@ -23,10 +23,9 @@ import re
 import zlib
 from typing import Any, Final
 
-import httpx
-
 from .._errors import StateTransferFailedError
 from ._document import parse_document
+from ._httpx import httpx
 
 __all__ = ["fetch_body", "fetch_document", "loopback_transport", "parse_document"]
 
