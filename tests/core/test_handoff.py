@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import subprocess
+import sys
 import tracemalloc
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -469,3 +471,42 @@ def test_an_adapter_with_an_impossible_size_limit_is_refused_with_its_code(
             adapter
         )  # deliberately the wrong type: the test is about refusing it
     assert caught.value.code == "RUNTIME_STATE_ADAPTER_INVALID"
+
+
+async def test_a_fetch_not_prepared_is_built_by_the_first_handoff() -> None:
+    """``prepare_fetch=False`` defers the transport to ``begin``; the handoff still completes."""
+    envelope = await StateHandoffController(Adapter(value=cart())).export_state(SRC, TGT)
+    body = json.dumps(envelope.model_dump(mode="json")).encode()
+    importer_adapter = Adapter()
+    importer = StateHandoffController(importer_adapter, prepare_fetch=False)
+    async with source(lambda target: http(body)) as (port, _):
+        status = await handoff(importer, port)
+    assert status.status == "acknowledged"
+    assert [value for value, _ in importer_adapter.imported] == [cart()]
+
+
+_UNPREPARED = """
+import sys
+from pydantic import BaseModel
+from forgezero_lifecycle.core.handoff import StateHandoffController
+
+class Visits(BaseModel):
+    count: int
+
+class Adapter:
+    protocol, schema_version, maximum_bytes, model = "demo.visits", 1, 1024, Visits
+
+StateHandoffController(Adapter(), prepare_fetch=False)
+print("httpx" in sys.modules)
+StateHandoffController(Adapter())
+print("httpx" in sys.modules)
+"""
+
+
+def test_a_controller_that_does_not_prepare_the_fetch_does_not_import_httpx() -> None:
+    """httpx is loaded by the first controller that prepares its fetch, not before."""
+    done = subprocess.run(
+        [sys.executable, "-c", _UNPREPARED], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]
