@@ -142,8 +142,13 @@ class Runtime:
         if state_adapter is not None:
             from .core.handoff import StateHandoffController
 
+            # Without a handoff token no generation configured like this one serves an export
+            # (and `serve` refuses the handover), so httpx is loaded only if a begin comes.
             self.handoff = StateHandoffController(
-                state_adapter, clock=self._clock, revision=revision
+                state_adapter,
+                clock=self._clock,
+                revision=revision,
+                prepare_fetch=handoff_token is not None,
             )
         self.control = ControlApp(
             drain=self.drain,
