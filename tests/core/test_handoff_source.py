@@ -117,3 +117,14 @@ def test_inflater_reads_concatenated_gzip_members() -> None:
     inflater = _Inflater("gzip")
     assert inflater.feed(gzip.compress(b"ab") + gzip.compress(b"cd"), 100) == b"abcd"
     assert inflater.finished
+
+
+def test_the_ascii_shortcut_of_the_host_mapping_is_idnas_mapping() -> None:
+    """For every ASCII code point, the host mapping without idna is idna's UTS #46 mapping."""
+    import idna
+
+    from forgezero_lifecycle.core._url_host import _uts46_remap
+
+    for code in range(128):
+        text = f"a{chr(code)}B"
+        assert _uts46_remap(text) == idna.uts46_remap(text, std3_rules=False, transitional=False)
