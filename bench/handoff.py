@@ -13,7 +13,10 @@ GET of the value's JSON bytes from the old server (the client built beforehand, 
 prepared at startup), ``orjson.loads`` and ``ShopState.model_validate`` of the result, one per
 sample, the order alternating. The ratio is what the handoff adds on top: the export's dump,
 canonical JSON, digest and check that the value imports, the envelope, and on the new side the
-canonical JSON, strict validation and digest check. Target: p50 ≤ 100 ms for 1 MiB.
+canonical JSON, strict validation and digest check. Target: p50 ≤ 100 ms for 1 MiB. The note
+also gives the CPU time each sample took (both generations' processes for a handoff, the old
+server and the benchmark's process for the baseline), which other load on the machine disturbs
+less than the wall time.
 
 Run ``python -m bench.handoff [--quick]``.
 """
@@ -35,7 +38,7 @@ import orjson
 
 from bench._report import paired, print_table, row
 from bench.apps.shop import ShopState
-from bench.server import Server, start_servers, stop_servers
+from bench.server import Server, cpu_ns, start_servers, stop_servers
 from forgezero_lifecycle.client import ControlClient, drain_request, handoff_request
 from forgezero_lifecycle.wire.paths import RUNTIME_STATE_EXPORT_PATH
 
@@ -104,8 +107,43 @@ async def _handoff_ms(new: Server, gens: _Generations, source_url: str) -> float
     return elapsed
 
 
+class _Cpu:
+    """CPU ms per sample: both generations' processes for a handoff; the old server's and this
+    process's for the baseline. Less disturbed by other load on the machine than the wall time."""
+
+    def __init__(self) -> None:
+        self.handoff: list[float] = []
+        self.baseline: list[float] = []
+
+    @staticmethod
+    def now(*pids: int) -> float:
+        return sum(cpu_ns(pid) for pid in pids) / 1e6
+
+    def note(self) -> str:
+        if not self.handoff:
+            return ""
+        handoff, baseline = statistics.median(self.handoff), statistics.median(self.baseline)
+        return f"; CPU per sample (median): handoff {handoff:.1f} ms, baseline {baseline:.1f} ms"
+
+
+async def _timed_blob(client: httpx.AsyncClient, old: Server, cpu: _Cpu) -> float:
+    before, own = cpu.now(old.pid), time.process_time()
+    elapsed, _ = await _blob_ms(client, old)
+    cpu.baseline.append(cpu.now(old.pid) - before + (time.process_time() - own) * 1000)
+    return elapsed
+
+
+async def _timed_handoff(
+    new: Server, old: Server, gens: _Generations, url: str, cpu: _Cpu
+) -> float:
+    before = cpu.now(old.pid, new.pid)
+    elapsed = await _handoff_ms(new, gens, url)
+    cpu.handoff.append(cpu.now(old.pid, new.pid) - before)
+    return elapsed
+
+
 async def _measure_size(
-    old: Server, news: list[Server], gens: _Generations
+    old: Server, news: list[Server], gens: _Generations, cpu: _Cpu
 ) -> tuple[list[float], list[float], int]:
     async with ControlClient(old.url, token=gens.control, handoff_token=gens.handoff) as control:
         drain = drain_request(
@@ -126,11 +164,11 @@ async def _measure_size(
         _, size = await _blob_ms(client, old)  # warm the baseline path
         for index, new in enumerate(news):
             if index % 2:
-                handoffs.append(await _handoff_ms(new, gens, source_url))
-                blobs.append((await _blob_ms(client, old))[0])
+                handoffs.append(await _timed_handoff(new, old, gens, source_url, cpu))
+                blobs.append(await _timed_blob(client, old, cpu))
             else:
-                blobs.append((await _blob_ms(client, old))[0])
-                handoffs.append(await _handoff_ms(new, gens, source_url))
+                blobs.append(await _timed_blob(client, old, cpu))
+                handoffs.append(await _timed_handoff(new, old, gens, source_url, cpu))
     return handoffs, blobs, size
 
 
@@ -145,9 +183,10 @@ def run(quick: bool) -> list[dict[str, Any]]:
             environment = [gens.environment(gens.old_revision, size)]
             environment += [gens.environment(gens.new_revision, 0)] * samples
             servers = start_servers([APP] * (samples + 1), Path(tmp), environment)
+            cpu = _Cpu()
             try:
                 handoffs, blobs, value_bytes = asyncio.run(
-                    _measure_size(servers[0], servers[1:], gens)
+                    _measure_size(servers[0], servers[1:], gens, cpu)
                 )
             finally:
                 stop_servers(servers)
@@ -167,7 +206,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
                         f"{samples} handoffs, each to a fresh new-generation uvicorn process, "
                         "from one drained old generation; baseline: httpx GET of the same value "
                         "bytes from the old server (client built beforehand) + orjson.loads + "
-                        "ShopState.model_validate, alternating order"
+                        "ShopState.model_validate, alternating order" + cpu.note()
                     ),
                 )
             )

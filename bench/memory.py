@@ -5,12 +5,14 @@ First the runtime alone: ``bench/apps/hello.py``'s Starlette hello with ``Runtim
 pydantic, so the difference is everything the runtime brings. Each run checks that in a fresh
 interpreter (the bench stops if the bare app imports pydantic) and says in the note which of the
 two big imports each side has loaded once its app is built: pydantic (the runtime loads it on the
-first drain request, not before; the examples load it for their own state models) and httpx
-(a runtime with a state adapter builds its loopback fetch transport at start-up, so a handoff
-does not pay for the import). Then each example
+first drain request, not before; the examples load it for their own state models, which the
+state adapter needs) and httpx (a runtime with a state adapter and a handoff token builds its
+loopback fetch transport at start-up, so a handoff does not pay for the import; without a
+handoff token the first ``begin`` builds it). Then each example
 (``examples/starlette_app``, ``examples/fastapi_app``) runs under uvicorn as it ships, with the
 runtime installed, next to ``bench/apps/examples_bare.py``: the same endpoints without anything
-of the library. Both processes are started together; their ``VmRSS``
+of the library; once with the control token only, once with the handoff token too, as the
+examples' READMEs run them (the handoff's fetch prepared). Both processes are started together; their ``VmRSS``
 (``/proc/<pid>/status``) is read idle (started, no request yet), after 10,000 requests to
 ``/hello`` and after 10,000 more, sent by ``bench._load``'s Python generator in a separate
 process (an exact request count, which ``wrk`` cannot do). Fresh processes every round.
@@ -41,21 +43,41 @@ from bench.server import Server, start_servers, stop_servers
 __all__ = ["rss_mib", "run"]
 
 _RUNTIME_ALONE: Final = "runtime alone (Starlette hello)"
+_CONTROL: Final = {"FORGEZERO_CONTROL_TOKEN": "bench-control-token-0123456789"}
+#: As the examples' READMEs run them: with a handoff token, this generation's fetch is prepared.
+_HANDOFF: Final = {**_CONTROL, "FORGEZERO_HANDOFF_TOKEN": "b" * 43}
+_EXAMPLE_BARE: Final = "bench/apps/examples_bare.py (the library is not even imported)"
+#: name: (bare target, our target, what bare is, our environment)
 EXAMPLES: Final = {
     _RUNTIME_ALONE: (
         "bench.apps.hello:starlette()",
         "bench.apps.hello:starlette_runtime()",
         "bench/apps/hello.py's Starlette hello",
+        _CONTROL,
     ),
     "Starlette example": (
         "bench.apps.examples_bare:starlette()",
         "examples.starlette_app.app:app",
-        "bench/apps/examples_bare.py (the library is not even imported)",
+        _EXAMPLE_BARE,
+        _CONTROL,
+    ),
+    "Starlette example, handoff token": (
+        "bench.apps.examples_bare:starlette()",
+        "examples.starlette_app.app:app",
+        _EXAMPLE_BARE,
+        _HANDOFF,
     ),
     "FastAPI example": (
         "bench.apps.examples_bare:fastapi()",
         "examples.fastapi_app.app:app",
-        "bench/apps/examples_bare.py (the library is not even imported)",
+        _EXAMPLE_BARE,
+        _CONTROL,
+    ),
+    "FastAPI example, handoff token": (
+        "bench.apps.examples_bare:fastapi()",
+        "examples.fastapi_app.app:app",
+        _EXAMPLE_BARE,
+        _HANDOFF,
     ),
 }
 _BIG_IMPORTS: Final = ("pydantic", "httpx")
@@ -64,7 +86,6 @@ REQUESTS: Final = 10_000
 CONNECTIONS: Final = 16
 TARGET_OVER_MIB: Final = 5.0
 TARGET_GROWTH_MIB: Final = 0.25
-_ENVIRONMENT: Final = {"FORGEZERO_CONTROL_TOKEN": "bench-control-token-0123456789"}
 
 
 def rss_mib(pid: int) -> float:
@@ -103,9 +124,11 @@ def _load(server: Server) -> None:
         raise RuntimeError(f"{server.target}: {result}")
 
 
-def _one_round(bare: str, ours: str, log_dir: Path, flip: bool) -> dict[str, list[float]]:
+def _one_round(
+    bare: str, ours: str, environment: dict[str, str], log_dir: Path, flip: bool
+) -> dict[str, list[float]]:
     """RSS (MiB) idle, after 10,000 and after 20,000 requests, per side."""
-    servers = start_servers([bare, ours], log_dir, [{}, _ENVIRONMENT])
+    servers = start_servers([bare, ours], log_dir, [{}, environment])
     try:
         time.sleep(1.0)  # let start-up allocations settle
         sides = dict(zip(("bare", "ours"), servers, strict=True))
@@ -128,13 +151,15 @@ def run(quick: bool) -> list[dict[str, Any]]:
     command = ".venv/bin/python -m bench.memory" + (" --quick" if quick else "")
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fz-bench-memory-") as tmp:
-        for name, (bare, ours, bare_is) in EXAMPLES.items():
+        for name, (bare, ours, bare_is, environment) in EXAMPLES.items():
             if quick and name.startswith("FastAPI"):
-                continue  # quick mode: the runtime alone and one example
-            loaded = {"bare": big_imports(bare, {}), "ours": big_imports(ours, _ENVIRONMENT)}
+                continue  # quick mode: the runtime alone and the Starlette example
+            loaded = {"bare": big_imports(bare, {}), "ours": big_imports(ours, environment)}
             if name == _RUNTIME_ALONE and "pydantic" in loaded["bare"]:
                 raise RuntimeError(f"{bare} imports pydantic: the row would hide what it costs")
-            results = [_one_round(bare, ours, Path(tmp), i % 2 == 1) for i in range(rounds)]
+            results = [
+                _one_round(bare, ours, environment, Path(tmp), i % 2 == 1) for i in range(rounds)
+            ]
             big = "; ".join(f"{side} {' + '.join(m) or 'neither'}" for side, m in loaded.items())
             rows += _rows(name, results, rounds, command, f"{bare_is}; loaded of {_BIG}: {big}")
     return rows
