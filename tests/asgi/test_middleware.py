@@ -11,6 +11,7 @@ import pytest
 from forgezero_lifecycle import ConnectionClosedByDrainError
 from forgezero_lifecycle.asgi.middleware import InFlightMiddleware
 from forgezero_lifecycle.core.gate import IntakeGate
+from forgezero_lifecycle.runtime import Runtime
 from forgezero_lifecycle.testing import ASGIRecorder, settle
 
 pytestmark = pytest.mark.anyio
@@ -537,3 +538,70 @@ async def test_an_exception_group_of_drain_closes_stays_inside() -> None:
     await call
     assert recorder.sent[-1] == {"type": "websocket.close", "code": 1012, "reason": "draining"}
     assert gate.statistics().websocket == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "root_path"),
+    [("/x/.forgezero/runtime/ready", ""), ("/other/.forgezero/runtime/ready", "/api")],
+)
+async def test_a_control_prefix_inside_the_app_path_is_an_ordinary_counted_request(
+    path: str, root_path: str
+) -> None:
+    """Only a path that starts with the control prefix once root_path is removed is control."""
+    gate = IntakeGate()
+    seen: list[int] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        seen.append(gate.statistics().http)
+        await ok_app(scope, receive, send)
+
+    async def control(scope: Message, receive: Any, send: Any) -> None:
+        raise AssertionError("not a control path")
+
+    recorder = ASGIRecorder({"type": "http.request", "body": b""})
+    middleware = InFlightMiddleware(app, gate=gate, control=control)
+    await middleware(http_scope(path, root_path), recorder.receive, recorder.send)
+    assert seen == [1]
+    assert recorder.sent[0]["status"] == 200
+
+
+async def test_exempt_is_asked_on_every_request() -> None:
+    """The predicate is consulted per request, not once: a later exempt scope still passes."""
+    gate = IntakeGate()
+    middleware = InFlightMiddleware(ok_app, gate=gate, exempt=lambda s: s["path"] == "/metrics")
+    recorder = ASGIRecorder({"type": "http.request", "body": b""})
+    await middleware(http_scope("/work"), recorder.receive, recorder.send)
+    gate.close()
+    recorder = ASGIRecorder({"type": "http.request", "body": b""})
+    await middleware(http_scope("/metrics"), recorder.receive, recorder.send)
+    assert recorder.sent[0]["status"] == 200
+
+
+async def test_a_lifespan_that_ends_without_shutdown_lets_the_next_request_hook_again() -> None:
+    """After a lifespan the app does not speak, the next request tries the signal hook again,
+    even when a request before it had already tried."""
+    runtime = Runtime(control_token="test-control-token-0123456789")
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            raise RuntimeError("this app has no lifespan")
+        await ok_app(scope, receive, send)
+
+    middleware = runtime.wrap(app)
+    signals = runtime.signal_drain
+    await middleware(http_scope(), ASGIRecorder({"type": "http.request"}).receive, _ignore)
+    assert not signals.pending  # the first request tried the hook
+    with pytest.raises(RuntimeError, match="no lifespan"):
+        await middleware({"type": "lifespan"}, _never, _ignore)
+    assert signals.pending  # put back with final=False: the next request tries again
+    await middleware(http_scope(), ASGIRecorder({"type": "http.request"}).receive, _ignore)
+    assert not signals.pending
+
+
+async def _never() -> Message:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+async def _ignore(message: Message) -> None:
+    return None

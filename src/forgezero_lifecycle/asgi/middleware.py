@@ -51,6 +51,7 @@ from ..core.gate import DrainMoment, IntakeGate
 from ..core.signal_drain import SignalDrain
 from ..wire.paths import CONTROL_PREFIX
 from ._body import discard_body
+from ._paths import app_path
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from ._uvicorn import ABANDONED_CODE, KNOWN_CYCLES, act, given_up, learn, reconnect, settle
 
@@ -92,6 +93,11 @@ class InFlightMiddleware:
         self._close_code = websocket_close_code
         #: uvicorn request cycles admitted while serving and still running (asgi._uvicorn).
         self._running: set[Any] = set()
+        #: Whether an HTTP or WebSocket scope must be screened in full before it is counted: with
+        #: an exempt predicate, or while the signal hook waits for a first request to install it
+        #: (:attr:`SignalDrain.pending <forgezero_lifecycle.core.signal_drain.SignalDrain>`
+        #: turns true again only when a lifespan here ends without a shutdown, see _lifespan).
+        self._screen = exempt is not None or (signals is not None and signals.pending)
         #: The class of the last uvicorn cycle seen, and of the last ``send.__self__`` that was
         #: not one: one or two identity tests per request.
         self._cycle_kind: type | None = None
@@ -105,38 +111,20 @@ class InFlightMiddleware:
         ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The hot path: kept flat (no extra coroutine layer) since it runs on every request.
-        kind = scope["type"]
-        if kind != "http" and kind != "websocket":
-            if kind == "lifespan" and self._signals is not None:
-                await _lifespan_with_signals(self.app, scope, receive, send, self._signals)
+        # The hot path, kept flat (no coroutine layer of its own) since it runs on every request:
+        # an HTTP request that no setting sends elsewhere costs three tests before it is counted.
+        # The control prefix is looked for anywhere in the path: the path inside the app is a
+        # suffix of scope["path"] (ASGI 3 puts root_path in both), so a path without it is no
+        # control path whatever root_path says, and one with it is screened in full by _route.
+        if scope["type"] != "http" or self._screen or CONTROL_PREFIX in scope["path"]:
+            elsewhere = self._route(scope)
+            if elsewhere is not None:
+                await elsewhere(scope, receive, send)
                 return
-            await self.app(scope, receive, send)
-            return
-        if self._signals is not None and self._signals.pending:
-            self._signals.install()  # the server runs without lifespan: hook on the first request
-        # asgi._paths.app_path, inlined: this runs on every request.
-        path: str = scope["path"]
-        root: str = scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root) :]
-        if path.startswith(CONTROL_PREFIX):
-            await (self._control or self.app)(scope, receive, send)
-            return
-        if self._exempt is not None and self._exempt(scope):
-            await self.app(scope, receive, send)
-            return
-        if kind == "websocket":
-            await self._websocket(scope, receive, send)
-            return
         gate = self._gate
         if not gate.admit_http():
             gate.refused_http += 1
-            await discard_body(scope, receive)
-            await send(
-                {"type": "http.response.start", "status": 503, "headers": self._refusal_headers}
-            )
-            await send({"type": "http.response.body", "body": _REFUSAL_BODY})
+            await self._refuse_http(scope, receive, send)
             return
         # Under uvicorn, while serving: the server's own receive and send, and a set of running
         # cycles that each drain moment acts on (asgi._uvicorn). In the same synchronous step as
@@ -177,6 +165,55 @@ class InFlightMiddleware:
             # Given up: return without finishing the response, so the server closes it.
         finally:
             gate.release_http()
+
+    def _route(self, scope: Scope) -> ASGIApp | None:
+        """Where a scope the hot path did not take goes: an app to hand it to, or None for the
+        counted HTTP path."""
+        kind = scope["type"]
+        if kind == "lifespan":
+            return self._lifespan if self._signals is not None else self.app
+        if kind != "http" and kind != "websocket":
+            return self.app
+        signals = self._signals
+        if signals is not None and signals.pending:
+            signals.install()  # the server runs without lifespan: hook on the first request
+        self._screen = self._exempt is not None or (signals is not None and signals.pending)
+        if app_path(scope).startswith(CONTROL_PREFIX):
+            return self._control or self.app
+        if self._exempt is not None and self._exempt(scope):
+            return self.app
+        if kind == "websocket":
+            return self._websocket
+        return None
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app's lifespan with the signal hook around it: installed at startup (the server's
+        handlers are in place by then), put back as soon as ``lifespan.shutdown`` arrives."""
+        signals = self._signals
+        assert signals is not None  # _route sends a lifespan here only with a hook to manage
+        signals.install()
+        shutting_down = False
+
+        async def receive_watching_shutdown() -> Message:
+            nonlocal shutting_down
+            message = await receive()
+            if message["type"] == "lifespan.shutdown":
+                shutting_down = True
+                signals.uninstall()
+            return message
+
+        try:
+            await self.app(scope, receive_watching_shutdown, send)
+        finally:
+            # Without a shutdown the app does not speak lifespan: the first request tries again.
+            signals.uninstall(final=shutting_down)
+            if signals.pending:
+                self._screen = True
+
+    async def _refuse_http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await discard_body(scope, receive)
+        await send({"type": "http.response.start", "status": 503, "headers": self._refusal_headers})
+        await send({"type": "http.response.body", "body": _REFUSAL_BODY})
 
     def _is_cycle(self, cycle: object) -> bool:
         """Whether ``cycle`` (``send.__self__``) is a uvicorn request cycle; remembers its class."""
@@ -287,29 +324,6 @@ class _WebSocketSession:
     def _abandon(self) -> None:
         self.ended = ABANDONED_CODE
         logger.warning("drain.connection_abandoned kind=websocket")
-
-
-async def _lifespan_with_signals(
-    app: ASGIApp, scope: Scope, receive: Receive, send: Send, signals: SignalDrain
-) -> None:
-    """The app's lifespan with the signal hook around it: installed at startup (the server's
-    handlers are in place by then), put back as soon as ``lifespan.shutdown`` arrives."""
-    signals.install()
-    shutting_down = False
-
-    async def receive_watching_shutdown() -> Message:
-        nonlocal shutting_down
-        message = await receive()
-        if message["type"] == "lifespan.shutdown":
-            shutting_down = True
-            signals.uninstall()
-        return message
-
-    try:
-        await app(scope, receive_watching_shutdown, send)
-    finally:
-        # Without a shutdown the app does not speak lifespan: the first request tries again.
-        signals.uninstall(final=shutting_down)
 
 
 _BODILESS_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
