@@ -19,6 +19,7 @@ from forgezero_lifecycle.jobs._enqueue import (
     MAX_DELAY_SECONDS,
     MAX_IDEMPOTENCY_KEY_BYTES,
     MAX_PAYLOAD_BYTES,
+    MAX_PAYLOAD_DEPTH,
     MAX_QUEUE_NAME_BYTES,
 )
 
@@ -30,6 +31,26 @@ pytestmark = pytest.mark.anyio
 @dataclasses.dataclass
 class Order:
     id: int
+
+
+def _holding_itself() -> dict[str, Any]:
+    payload: dict[str, Any] = {}
+    payload["self"] = payload
+    return payload
+
+
+def _list_holding_itself_twice() -> dict[str, Any]:
+    loop: list[Any] = []
+    loop += [loop, loop]  # a walk that follows both doubles its work per level
+    return {"x": loop}
+
+
+def _nested(containers: int) -> dict[str, Any]:
+    """A payload of ``containers`` nested containers: the payload itself, then lists."""
+    value: Any = 1
+    for _ in range(containers - 1):
+        value = [value]
+    return {"x": value}
 
 
 BAD_PAYLOADS: dict[str, Any] = {
@@ -48,6 +69,9 @@ BAD_PAYLOADS: dict[str, Any] = {
     "nul-in-key": {"a\x00b": 1},
     "lone-surrogate": {"x": "\ud800"},
     "too-large": {"blob": "x" * MAX_PAYLOAD_BYTES},
+    "holds-itself": _holding_itself(),
+    "list-holds-itself-twice": _list_holding_itself_twice(),
+    "too-deep": _nested(MAX_PAYLOAD_DEPTH + 1),
 }
 
 BAD_OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -81,7 +105,8 @@ async def assert_refused(kit: StoreKit, queue: str, payload: Any, **options: Any
 
 @pytest.mark.parametrize("case", list(BAD_PAYLOADS))
 async def test_a_payload_that_is_not_json_data_is_refused(kit: StoreKit, case: str) -> None:
-    """NaN, Infinity, non-JSON types, NUL, lone surrogates, oversize: JOB_INVALID, nothing written."""
+    """NaN, Infinity, non-JSON types, NUL, lone surrogates, oversize, too deep or holding itself:
+    JOB_INVALID, nothing written."""
     await assert_refused(kit, "q", BAD_PAYLOADS[case], idempotency_key=f"k-{case}")
 
 
@@ -105,6 +130,8 @@ async def test_the_limits_themselves_are_accepted(kit: StoreKit) -> None:
     assert again.idempotency_key == key
     assert again.payload["t"] == [1, 2.5, None]
     assert len(again.payload["blob"]) == len(payload["blob"])
+    deepest = await kit.store.enqueue("q", _nested(MAX_PAYLOAD_DEPTH))
+    assert await kit.store.get(deepest.id) == deepest
 
 
 async def test_the_message_names_the_offending_value(kit: StoreKit) -> None:

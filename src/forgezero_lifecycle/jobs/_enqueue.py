@@ -25,6 +25,7 @@ __all__ = [
     "MAX_DELAY_SECONDS",
     "MAX_IDEMPOTENCY_KEY_BYTES",
     "MAX_PAYLOAD_BYTES",
+    "MAX_PAYLOAD_DEPTH",
     "MAX_QUEUE_NAME_BYTES",
     "Enqueue",
     "Listeners",
@@ -40,6 +41,9 @@ __all__ = [
 
 #: A payload's compact JSON: a job carries a reference to big data, not the data.
 MAX_PAYLOAD_BYTES: Final = 1_048_576
+#: Containers nested in a payload, the payload itself counted: what orjson encodes. The walks
+#: below stop there too, so a payload that holds itself is refused instead of walked forever.
+MAX_PAYLOAD_DEPTH: Final = 254
 #: An idempotency key's UTF-8 (PostgreSQL's unique index refuses entries past ~2700 bytes).
 MAX_IDEMPOTENCY_KEY_BYTES: Final = 1024
 MAX_QUEUE_NAME_BYTES: Final = 256
@@ -107,13 +111,20 @@ def check_json_data(data: object) -> None:
     ``Infinity`` (JSON has no such numbers, orjson would write ``null``), every other type
     (``datetime``, ``UUID``, dataclasses, ``Decimal``, ``bytes``, sets... which a serialiser
     would silently turn into something else) and strings with NUL (PostgreSQL's ``jsonb`` cannot
-    hold ``\\u0000``). Lone surrogates and integers beyond 64 bits are refused by the encoder.
+    hold ``\\u0000``), and containers nested deeper than :data:`MAX_PAYLOAD_DEPTH` (a payload that
+    holds itself among them). Lone surrogates and integers beyond 64 bits are refused by the
+    encoder.
     """
-    pending: list[tuple[object, str]] = [(data, "payload")]
+    pending: list[tuple[object, str, int]] = [(data, "payload", 1)]
     while pending:
-        value, where = pending.pop()
+        value, where, depth = pending.pop()
         if value is None or isinstance(value, bool | int):
             continue
+        if depth > MAX_PAYLOAD_DEPTH and isinstance(value, dict | list | tuple):
+            raise JobInvalidError(
+                detail=f"{where} is nested deeper than {MAX_PAYLOAD_DEPTH} containers, or the "
+                "payload holds itself"
+            )
         if isinstance(value, str):
             if "\x00" in value:
                 raise JobInvalidError(
@@ -130,9 +141,9 @@ def check_json_data(data: object) -> None:
                     )
                 if "\x00" in key:
                     raise JobInvalidError(detail=f"{where} has a key with a NUL character")
-                pending.append((item, f"{where}[{key[:40]!r}]"))
+                pending.append((item, f"{where}[{key[:40]!r}]", depth + 1))
         elif isinstance(value, list | tuple):
-            pending.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
+            pending.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
         else:
             raise JobInvalidError(
                 detail=f"{where} is a {type(value).__name__}, not JSON data; convert it first "
@@ -147,9 +158,11 @@ def _plain_json(data: dict[str, Any]) -> bool:
     False only means "ask :func:`check_json_data`", which accepts subclasses or names the
     fault, so the two together refuse exactly what :func:`check_json_data` refuses.
     """
-    containers: list[Any] = [data]
+    containers: list[tuple[Any, int]] = [(data, 1)]
     while containers:
-        container = containers.pop()
+        container, depth = containers.pop()
+        if depth > MAX_PAYLOAD_DEPTH:
+            return False
         if type(container) is dict:
             for key in container:
                 if type(key) is not str or "\x00" in key:
@@ -168,7 +181,7 @@ def _plain_json(data: dict[str, Any]) -> bool:
                 if not math.isfinite(item):
                     return False
             elif kind is dict or kind is list or kind is tuple:
-                containers.append(item)
+                containers.append((item, depth + 1))
             else:
                 return False
     return True
