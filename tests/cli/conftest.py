@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,8 @@ from typing import Any, Final
 
 import httpx
 import pytest
+
+from tests.server._servers import free_port
 
 PROJECT_ROOT: Final = Path(__file__).resolve().parents[2]
 CONTROL_TOKEN: Final = "cli-tests-control-token-0123456789abcdef"
@@ -46,13 +47,6 @@ def popen_logged(
             stderr=subprocess.STDOUT,
             pass_fds=pass_fds,
         )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,12 +46,26 @@ MORE_SERVER_KINDS: Final = ("hypercorn-single", "gunicorn")
 GUNICORN_GRACEFUL_TIMEOUT: Final = 10
 
 
+#: Every port :func:`free_port` has handed out in this test process, and the lock over it.
+_HANDED_OUT: Final[set[int]] = set()
+_HANDING_OUT: Final = threading.Lock()
+
+
 def free_port() -> int:
-    """A loopback port nobody listens on right now (the uvicorn CLI cannot bind port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    """A loopback port nobody listens on right now (the uvicorn CLI cannot bind port 0).
+
+    Never the same port twice in one test process: servers started side by side (in threads)
+    could otherwise be handed one port, and the one that fails to bind it would look live,
+    since its liveness probe reaches the other.
+    """
+    with _HANDING_OUT:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.bind(("127.0.0.1", 0))
+                port: int = probe.getsockname()[1]
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
 
 
 def _command(kind: str, target: str, port: int, log_level: str) -> list[str]:
