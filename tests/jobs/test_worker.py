@@ -305,7 +305,7 @@ async def test_result_that_is_not_json_fails_only_its_job(
     await until(lambda: worker.statistics().failed == 1)
     dead = await store.get(bad.id)
     assert dead.state == "dead"
-    assert dead.last_error.startswith("TypeError")
+    assert dead.last_error.startswith("JobInvalidError: JOB_INVALID")
     for job in good:
         assert (await store.get(job.id)).result == "fine"
     await worker.stop()

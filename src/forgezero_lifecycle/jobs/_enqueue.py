@@ -31,6 +31,7 @@ __all__ = [
     "Listeners",
     "check_enqueue",
     "check_json_data",
+    "is_plain_json",
     "new_key",
     "payload_hash",
     "payload_json",
@@ -103,7 +104,7 @@ def payload_json(payload: Mapping[str, Any]) -> str:
     return text.decode()
 
 
-def check_json_data(data: object) -> None:
+def check_json_data(data: object, what: str = "payload") -> None:
     """Refuse what JSON cannot carry exactly, or one of the stores cannot keep.
 
     JSON data is ``dict`` (``str`` keys), ``list``/``tuple``, ``str``, ``int``, finite
@@ -113,17 +114,17 @@ def check_json_data(data: object) -> None:
     would silently turn into something else) and strings with NUL (PostgreSQL's ``jsonb`` cannot
     hold ``\\u0000``), and containers nested deeper than :data:`MAX_PAYLOAD_DEPTH` (a payload that
     holds itself among them). Lone surrogates and integers beyond 64 bits are refused by the
-    encoder.
+    encoder. ``what`` names the value in the messages (``payload``, ``result``).
     """
-    pending: list[tuple[object, str, int]] = [(data, "payload", 1)]
+    pending: list[tuple[object, str, int]] = [(data, what, 1)]
     while pending:
         value, where, depth = pending.pop()
         if value is None or isinstance(value, bool | int):
             continue
         if depth > MAX_PAYLOAD_DEPTH and isinstance(value, dict | list | tuple):
             raise JobInvalidError(
-                detail=f"{where} is nested deeper than {MAX_PAYLOAD_DEPTH} containers, or the "
-                "payload holds itself"
+                detail=f"{where} is nested deeper than {MAX_PAYLOAD_DEPTH} containers, or "
+                f"the {what} holds itself"
             )
         if isinstance(value, str):
             if "\x00" in value:
@@ -151,7 +152,14 @@ def check_json_data(data: object) -> None:
             )
 
 
-def _plain_json(data: dict[str, Any]) -> bool:
+def is_plain_json(value: object) -> bool:
+    """:func:`_plain_json` for any value, a container or not (a job's result)."""
+    if type(value) is dict or type(value) is list or type(value) is tuple:
+        return _plain_json(value)
+    return _plain_json([value])  # a scalar: one list around it adds no container it counts
+
+
+def _plain_json(data: dict[str, Any] | list[Any] | tuple[Any, ...]) -> bool:
     """True when ``data`` holds only exact JSON types that :func:`check_json_data` accepts.
 
     The fast path of every enqueue: no paths are formatted and subclasses are not looked at.

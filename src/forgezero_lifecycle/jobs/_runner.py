@@ -135,7 +135,7 @@ class JobRunner(Generic[ConnT]):
                 )
             result = await handler(lease)
             if not lease.settled:
-                result_json(result)  # a result that is not JSON fails this job, not its batch
+                result_json(result)  # JOB_INVALID unless JSON data: fails this job, not its batch
                 run.completing = True
                 self.completing += 1
                 self.slot_free.set()

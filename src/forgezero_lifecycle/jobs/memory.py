@@ -18,7 +18,7 @@ import orjson
 
 from .._errors import IdempotencyConflictError, JobStateError, LeaseLostError
 from ._enqueue import Enqueue, Listeners, prepare_enqueue, prepare_enqueue_many, queued_job
-from ._outcome import error_text
+from ._outcome import error_text, result_json
 from .store import Job, JobStatistics, Lease
 
 __all__ = ["MemoryJobStore", "MemoryTransaction"]
@@ -273,9 +273,10 @@ class MemoryJobStore:
         self, items: Sequence[tuple[Lease[MemoryTransaction], Any]]
     ) -> list[Lease[MemoryTransaction]]:
         lost = []
-        for lease, result in items:
+        stored = [_json_copy(result) for _, result in items]  # every result refused before a write
+        for (lease, _), result in zip(items, stored, strict=True):
             try:
-                self._put(self._held(lease), state="done", result=_json_copy(result))
+                self._put(self._held(lease), state="done", result=result)
             except LeaseLostError:
                 lost.append(lease)
             else:
@@ -327,5 +328,6 @@ class MemoryJobStore:
 
 
 def _json_copy(value: Any) -> Any:
-    """What a database would hand back: the value through JSON."""
-    return None if value is None else orjson.loads(orjson.dumps(value))
+    """What a database would hand back: the result through JSON (refused as the stores do)."""
+    text = result_json(value)
+    return None if text is None else orjson.loads(text)
