@@ -17,6 +17,10 @@
   still compares against the on-loop baseline. Every side pays the same commit (fsync); the
   hop, the row's indexes and the library's CPU are a roughly fixed cost on top, so the ratio
   falls when the disk's commits get fast (and rises when a neighbour makes them slow).
+  The note also gives each side's CPU time on the loop's thread per operation (enqueue minus
+  the plain statement's side is the library's own work) and, on SQLite, the floor of any hop on
+  the host: a :class:`StatementThread` call that runs nothing, and two plain threads handing an
+  item back and forth through :class:`queue.SimpleQueue` (no asyncio, no library code).
 * **enqueue_many**: ``store.enqueue_many`` of 10,000 jobs (one transaction). Baseline: the same
   rows as one plain multi-row insert in one transaction (``executemany`` on SQLite, one
   ``INSERT ... SELECT FROM unnest`` on PostgreSQL).
@@ -36,10 +40,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import queue
 import sqlite3
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -129,24 +135,30 @@ async def _burn_down(factory: Any, workdir: Path, jobs: int, concurrency: int) -
         return jobs / elapsed
 
 
-async def _alternate(sides: list[Callable[[int], Awaitable[Any]]], jobs: int) -> list[float]:
-    """Jobs/s of each side: one operation of each in turn, the order rotating every round."""
-    clock = time.perf_counter
+async def _alternate(
+    sides: list[Callable[[int], Awaitable[Any]]], jobs: int
+) -> tuple[list[float], list[float]]:
+    """Jobs/s of each side, one operation of each in turn (the order rotating every round), and
+    each side's CPU time on the loop's thread per operation, in µs."""
+    clock, cpu = time.perf_counter, time.thread_time
     spent = [0.0] * len(sides)
+    used = [0.0] * len(sides)
     for i in range(jobs):
         for k in range(len(sides)):
             side = (i + k) % len(sides)
-            started = clock()
+            started, began = clock(), cpu()
             await sides[side](i)
             spent[side] += clock() - started
-    return [jobs / seconds for seconds in spent]
+            used[side] += cpu() - began
+    return [jobs / seconds for seconds in spent], [seconds / jobs * 1e6 for seconds in used]
 
 
 async def _enqueue_paired(
     factory: Any, workdir: Path, inserters: Sequence[Callable[[], Any]], jobs: int
-) -> list[float]:
-    """Jobs/s of ``store.enqueue`` and of each inserter (the plain insert, the store's own
-    INSERT as plain SQL, on SQLite the plain insert through one thread hop), in rotation."""
+) -> tuple[list[float], list[float]]:
+    """Jobs/s (and loop-thread CPU µs per operation) of ``store.enqueue`` and of each inserter
+    (the plain insert, the store's own INSERT as plain SQL, on SQLite the plain insert through
+    one thread hop), in rotation."""
     async with factory(workdir) as store, AsyncExitStack() as stack:
         sides = [await stack.enter_async_context(inserter()) for inserter in inserters]
 
@@ -264,6 +276,43 @@ async def _sqlite_hop_inserter(workdir: Path) -> AsyncIterator[Callable[[int], A
             yield insert
     finally:
         thread.stop()
+
+
+def _noop() -> None:
+    return None
+
+
+def _echo(calls: queue.SimpleQueue[int | None], answers: queue.SimpleQueue[int]) -> None:
+    while (item := calls.get()) is not None:
+        answers.put(item)
+
+
+async def _hop_floor(hops: int = 2_000) -> tuple[float, float]:
+    """µs per hop of a :class:`StatementThread` call that runs nothing, and per round trip of
+    two plain threads handing an item back and forth through :class:`queue.SimpleQueue` (no
+    asyncio, no library code): what waking a waiting thread costs on this host, twice."""
+    from forgezero_lifecycle.jobs._sqlite_db import StatementThread
+
+    thread = StatementThread("fz-bench-hop-floor")
+    try:
+        started = time.perf_counter()
+        for _ in range(hops):
+            await thread.submit(_noop)
+        hop = (time.perf_counter() - started) / hops * 1e6
+    finally:
+        thread.stop()
+    calls: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+    answers: queue.SimpleQueue[int] = queue.SimpleQueue()
+    echo = threading.Thread(target=_echo, args=(calls, answers), daemon=True)
+    echo.start()
+    started = time.perf_counter()
+    for i in range(hops):
+        calls.put(i)
+        answers.get()
+    plain = (time.perf_counter() - started) / hops * 1e6
+    calls.put(None)
+    echo.join()
+    return hop, plain
 
 
 def _postgres_inserter(dsn: str) -> Callable[[], Any]:
@@ -406,14 +455,19 @@ async def _bench_store(
         if not enqueue_only:
             rows += await _burn_downs(name, factories[0], baseline, jobs, repeats, command, workdir)
         factory = factories[1]
-        rounds = [
-            await _enqueue_paired(factory, workdir, inserters, enqueue_jobs) for _ in range(repeats)
-        ]
+        rounds, cpus, floors = [], [], []
+        for _ in range(repeats):
+            rates, used = await _enqueue_paired(factory, workdir, inserters, enqueue_jobs)
+            rounds.append(rates)
+            cpus.append(used)
+            if len(inserters) > 2:
+                floors.append(await _hop_floor())
         rates = [sides[0] for sides in rounds]
         bases = [sides[1] for sides in rounds]
         ratios = paired(rates, bases)
         schema_ratios = paired([sides[2] for sides in rounds], bases)
         enqueued = _row(f"jobs.{name} enqueue, {enqueue_jobs:,} jobs", rates, bases, None, command)
+        cpu = [statistics.median(used[k] for used in cpus) for k in range(len(inserters) + 1)]
         note = (
             "baseline: a plain INSERT, one transaction per row, on the same database with the "
             "same durability settings, alternating with each enqueue; ratio: median of "
@@ -424,11 +478,24 @@ async def _bench_store(
         )
         if len(inserters) > 2:
             hop_ratios = paired([sides[3] for sides in rounds], bases)
+            hop, plain = (statistics.median(floor[k] for floor in floors) for k in (0, 1))
             note += (
                 ". The baseline runs on the event loop's thread; the same plain INSERT through"
                 " one hop to a statement thread and back (as the store keeps SQLite's I/O off"
                 f" the loop), in the same rotation: {statistics.median(hop_ratios):.2f} of the"
-                f" baseline ({_spread(hop_ratios)}), the price of that hop alone"
+                f" baseline ({_spread(hop_ratios)}), the price of that hop alone. A hop that runs"
+                f" nothing takes {hop:.0f} µs, and two plain threads handing an item back and"
+                f" forth (queue.SimpleQueue, no asyncio) {plain:.0f} µs per round trip: the"
+                " host's cost of waking a thread that waits on another CPU, twice per hop."
+                f" CPU on the loop's thread per operation: enqueue {cpu[0]:.0f} µs, the plain"
+                f" INSERT through the hop {cpu[3]:.0f} µs (its statements run on the thread),"
+                " the difference being the library's own work"
+            )
+        else:
+            note += (
+                f". CPU on the loop's thread per operation: enqueue {cpu[0]:.0f} µs, the store's"
+                f" own INSERT as plain SQL {cpu[2]:.0f} µs, the plain INSERT {cpu[1]:.0f} µs; the"
+                " first difference is the library's own work"
             )
         ratio = statistics.median(ratios)
         enqueued.update(
