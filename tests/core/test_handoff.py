@@ -12,11 +12,19 @@ import tracemalloc
 import zlib
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 import httpx
 import pytest
-from pydantic import BaseModel, Secret, SecretBytes, SecretStr, field_serializer
+from pydantic import (
+    BaseModel,
+    Field,
+    Secret,
+    SecretBytes,
+    SecretStr,
+    field_serializer,
+    model_validator,
+)
 
 from forgezero_lifecycle._canonical import canonical_json, state_digest
 from forgezero_lifecycle._errors import StateExportError, StateInputInvalidError, StateNotFoundError
@@ -251,6 +259,51 @@ async def test_export_refuses_a_value_that_could_not_be_imported() -> None:
     adapter = Adapter(value=Counter(count=7), model=Counter)
     with pytest.raises(StateExportError, match="RUNTIME_STATE_EXPORT_INVALID"):
         await StateHandoffController(adapter).export_state(SRC, TGT)
+
+
+class Checked(BaseModel):
+    """A model that counts how often its JSON is validated (class-wide, reset by each test)."""
+
+    count: int
+    validations: ClassVar[list[int]] = []
+
+    @model_validator(mode="after")
+    def _counted(self) -> Checked:
+        Checked.validations.append(self.count)
+        return self
+
+
+async def test_the_import_check_runs_once_for_the_same_value_json() -> None:
+    """Exporting the same value's JSON again does not validate it again: those exact bytes
+    already validated as the model. Another value's JSON is validated before it is served."""
+    value = Checked(count=7)
+    Checked.validations.clear()
+    controller = StateHandoffController(Adapter(value=value, model=Checked))
+    first = await controller.export_document(SRC, TGT)
+    assert Checked.validations == [7]
+    assert await controller.export_document(SRC, TGT) == first
+    await controller.export_state(SRC, "0" * 40)
+    assert Checked.validations == [7]
+    value.count = 8
+    await controller.export_document(SRC, TGT)
+    assert Checked.validations == [7, 8]
+
+
+async def test_a_value_changed_after_an_export_is_checked_again() -> None:
+    """A value that exported, then changed (unvalidated assignment) into JSON its model
+    refuses, is EXPORT_INVALID: the check is skipped only for bytes that passed it."""
+    value = Counted(count=7)
+    controller = StateHandoffController(Adapter(value=value, model=Counted))
+    await controller.export_document(SRC, TGT)
+    value.count = -1  # the model accepts only count >= 0; assignment is not validated
+    with pytest.raises(StateExportError, match="RUNTIME_STATE_EXPORT_INVALID"):
+        await controller.export_document(SRC, TGT)
+    with pytest.raises(StateExportError, match="RUNTIME_STATE_EXPORT_INVALID"):
+        await controller.export_state(SRC, TGT)
+
+
+class Counted(BaseModel):
+    count: Annotated[int, Field(ge=0)]
 
 
 async def test_the_served_document_is_the_canonical_json_of_the_envelope() -> None:
