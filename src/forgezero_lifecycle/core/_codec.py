@@ -19,9 +19,10 @@ from __future__ import annotations
 import functools
 import gc
 import hashlib
+import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, ParamSpec, TypeVar, cast, final
+from typing import Any, Final, Generic, ParamSpec, TypeVar, cast, final
 
 from pydantic import BaseModel
 
@@ -52,6 +53,10 @@ T = TypeVar("T", bound=BaseModel)
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+#: Whether :func:`gc_paused_keeping` may promote with ``gc.freeze``/``gc.unfreeze``: two list
+#: splices with the default collector, a visit of every object on a free-threaded build.
+_PROMOTES: Final = not sysconfig.get_config_var("Py_GIL_DISABLED")
 
 
 def gc_paused(step: Callable[P, R]) -> Callable[P, R]:
@@ -86,7 +91,7 @@ def gc_paused_keeping(step: Callable[P, R]) -> Callable[P, R]:
     would after two collections. Whatever else was young goes along, its cycles collected by the
     next full collection instead. Not done when the app froze objects itself (``gc.freeze``
     before a fork, say): ``unfreeze`` would release them too, and the collector scans the
-    value as usual.
+    value as usual. Nor on a free-threaded build, whose ``freeze`` visits every object.
     """
 
     @functools.wraps(step)
@@ -97,7 +102,7 @@ def gc_paused_keeping(step: Callable[P, R]) -> Callable[P, R]:
             return step(*args, **kwargs)
         finally:
             if enabled:
-                if gc.get_freeze_count() == 0:
+                if _PROMOTES and gc.get_freeze_count() == 0:
                     gc.freeze()
                     gc.unfreeze()
                 gc.enable()
