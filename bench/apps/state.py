@@ -13,7 +13,9 @@ control plane it serves two benchmark routes, exempt from the drain:
 
 * ``GET /bench/blob``: the value's JSON bytes, prepared at startup (the baseline transfer);
 * ``GET /bench/handoff-wait?nonce=``: returns the handoff status once it is acknowledged or
-  failed (``StateHandoffController.wait``), so the benchmark never polls.
+  failed (``StateHandoffController.wait``), so the benchmark never polls;
+* ``POST /bench/next-state``: the same state with ``generation`` one higher, so the next export
+  serves a value JSON this generation has never exported (and checks it, as a first export does).
 """
 
 from __future__ import annotations
@@ -72,7 +74,17 @@ async def handoff_wait(request: Request) -> Response:
     return JSONResponse(status.model_dump(mode="json", exclude_none=True))
 
 
+async def next_state(request: Request) -> Response:
+    assert adapter.state is not None
+    adapter.state = adapter.state.model_copy(update={"generation": adapter.state.generation + 1})
+    return Response(status_code=204)
+
+
 app = Starlette(
-    routes=[Route("/bench/blob", serve_blob), Route("/bench/handoff-wait", handoff_wait)]
+    routes=[
+        Route("/bench/blob", serve_blob),
+        Route("/bench/handoff-wait", handoff_wait),
+        Route("/bench/next-state", next_state, methods=["POST"]),
+    ]
 )
 runtime.install(app)
