@@ -116,6 +116,32 @@ async def test_responses_while_draining_carry_connection_close_once(
     assert recorder.sent[0]["headers"] == expected
 
 
+@pytest.mark.parametrize("version", ["2", "3"])
+async def test_http2_and_http3_responses_never_get_a_connection_header(version: str) -> None:
+    """``connection`` is forbidden in HTTP/2 and HTTP/3 (RFC 9113 8.2.2, RFC 9114 4.2): neither a
+    response started while draining nor the refusal carries it; the rest is as under HTTP/1.1."""
+    gate = IntakeGate()
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        gate.close()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"x", b"1")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    middleware = InFlightMiddleware(app, gate=gate)
+    scope = {**http_scope(), "http_version": version}
+    answered, refused = ASGIRecorder(), ASGIRecorder()
+    await middleware(scope, answered.receive, answered.send)
+    await middleware(scope, refused.receive, refused.send)
+    assert answered.sent[0]["headers"] == [(b"x", b"1")]
+    assert answered.sent[1]["body"] == b"ok"
+    assert refused.sent[0]["status"] == 503
+    assert [name for name, _ in refused.sent[0]["headers"]] == [
+        b"content-type",
+        b"content-length",
+        b"retry-after",
+    ]
+
+
 async def test_no_connection_close_while_serving() -> None:
     """Outside a drain responses are passed on unchanged."""
     recorder = ASGIRecorder({"type": "http.request", "body": b""})

@@ -10,7 +10,8 @@ Per connection, by ``scope["type"]``:
   the user's ``exempt`` predicate picks;
 * ``http``: admitted and counted until the app call returns (streamed bodies and background
   tasks included), or refused with a 503 the app never sees. While draining, every response
-  start gains ``Connection: close``. Once the stream grace is over, a request that waits on
+  start gains ``Connection: close`` (over HTTP/1: HTTP/2 and HTTP/3 forbid the header, and a
+  refusal over them goes without it too). Once the stream grace is over, a request that waits on
   ``receive()`` after its body gets ``http.disconnect``, and a response the app then leaves
   unfinished is ended cleanly with an empty last chunk;
 * ``websocket``: admitted and counted, or refused before accept (503 denial response when the
@@ -63,6 +64,9 @@ _REFUSAL_BODY: Final = b'{"error":"RUNTIME_DRAINING"}'
 _DISCONNECT: Final = {"type": "http.disconnect"}
 _TRY_AGAIN_LATER: Final = 1013
 _CLOSED: Final = "RUNTIME_DRAIN_CONNECTION_CLOSED"
+_CLOSE: Final = (b"connection", b"close")
+#: HTTP versions whose responses must not carry ``connection`` (RFC 9113 8.2.2, RFC 9114 4.2).
+_NO_CONNECTION_HEADER: Final = frozenset({"2", "3"})
 
 
 @final
@@ -103,12 +107,14 @@ class InFlightMiddleware:
         self._cycle_kind: type | None = None
         self._other_kind: type | None = None
         gate.watch(self._at_drain_moment)
-        self._refusal_headers: Final = [
+        #: The refusal's headers over HTTP/2 and HTTP/3, where ``connection`` is forbidden, and
+        #: over HTTP/1 (the same, with Connection: close).
+        self._refusal_headers_h2: Final = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(_REFUSAL_BODY)).encode()),
             (b"retry-after", str(retry_after).encode()),
-            (b"connection", b"close"),
         ]
+        self._refusal_headers: Final = [*self._refusal_headers_h2, _CLOSE]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The hot path, kept flat (no coroutine layer of its own) since it runs on every request:
@@ -152,7 +158,7 @@ class InFlightMiddleware:
                 running.discard(cycle)
                 gate.release_http()
             return
-        responder = _HttpResponder(gate, receive, send, scope["method"])
+        responder = _HttpResponder(gate, receive, send, scope)
         try:
             await self.app(scope, responder.receive, responder.send)
             if responder.cut_short and not _declares_length(responder.head):
@@ -212,7 +218,12 @@ class InFlightMiddleware:
 
     async def _refuse_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         await discard_body(scope, receive)
-        await send({"type": "http.response.start", "status": 503, "headers": self._refusal_headers})
+        headers = (
+            self._refusal_headers_h2
+            if scope.get("http_version") in _NO_CONNECTION_HEADER
+            else self._refusal_headers
+        )
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
         await send({"type": "http.response.body", "body": _REFUSAL_BODY})
 
     def _is_cycle(self, cycle: object) -> bool:
@@ -340,18 +351,21 @@ class _HttpResponder:
         "abandoned",
         "bodiless",
         "body_done",
+        "closes",
         "disconnected",
         "finished",
         "head",
         "started",
     )
 
-    def __init__(self, gate: IntakeGate, receive: Receive, send: Send, method: str) -> None:
+    def __init__(self, gate: IntakeGate, receive: Receive, send: Send, scope: Scope) -> None:
         self._gate = gate
         self._receive = receive
         self._send = send
         #: A method whose requests carry no body: the first receive() needs no inspection.
-        self.bodiless = method in _BODILESS_METHODS
+        self.bodiless = scope["method"] in _BODILESS_METHODS
+        #: A response started while draining gains Connection: close (HTTP/1 only).
+        self.closes = scope.get("http_version") not in _NO_CONNECTION_HEADER
         #: The app has read the whole request body.
         self.body_done = False
         #: The response has started / sent its last body part.
@@ -400,7 +414,7 @@ class _HttpResponder:
         if message["type"] == "http.response.start":
             self.started = True
             self.head = message.get("headers", ())
-            if draining:
+            if draining and self.closes:
                 message = _with_connection_close(message)
         elif not message.get("more_body", False):
             self.finished = True

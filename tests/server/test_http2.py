@@ -1,0 +1,67 @@
+"""HTTP/2 across a drain, over a real socket: hypercorn serving cleartext HTTP/2 (prior knowledge).
+
+``connection`` is a connection-specific header HTTP/2 forbids (RFC 9113, section 8.2.2): a
+response the drain finds running must arrive intact and without it, where under HTTP/1.1 it
+would say ``Connection: close``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from ._control import WireControl
+from ._servers import RunningServer
+from .conftest import run_test_app
+
+pytestmark = [pytest.mark.server, pytest.mark.anyio]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The test app under hypercorn, the one server here that speaks HTTP/2."""
+    yield from run_test_app("hypercorn", "tests.server.app:app", tmp_path_factory)
+
+
+@pytest.fixture
+async def http(server: RunningServer) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP/2-only client: every request, the control plane's too, goes over HTTP/2."""
+    async with httpx.AsyncClient(
+        base_url=server.url, timeout=10.0, http1=False, http2=True
+    ) as client:
+        yield client
+
+
+async def test_a_response_started_during_the_drain_arrives_whole_without_a_connection_header(
+    http: httpx.AsyncClient, control: WireControl
+) -> None:
+    """Admitted before the drain, answered after it began: status and body intact, no
+    ``connection`` header, and the drain ends drained."""
+    slow = asyncio.create_task(http.get("/slow", params={"seconds": 0.8}))
+    await control.wait_admitted("http")
+    nonce = await control.begin()
+    finished = await slow
+
+    assert finished.http_version == "HTTP/2"
+    assert finished.status_code == 200
+    assert finished.json() == {"slept": 0.8}
+    assert "connection" not in finished.headers
+    drained = await control.wait_for_status(nonce, "drained", "failed")
+    assert drained["status"] == "drained"
+
+
+async def test_a_refusal_over_http2_has_no_connection_header(
+    http: httpx.AsyncClient, control: WireControl
+) -> None:
+    """A request that arrives during the drain gets the 503 refusal, well formed for HTTP/2."""
+    await control.begin()
+    refused = await http.get("/fast")
+
+    assert refused.http_version == "HTTP/2"
+    assert refused.status_code == 503
+    assert refused.json() == {"error": "RUNTIME_DRAINING"}
+    assert refused.headers["retry-after"] == "1"
+    assert "connection" not in refused.headers
