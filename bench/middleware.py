@@ -6,8 +6,10 @@ over a transport that discards what is written, as uvicorn serves it: bare, wrap
 :class:`InFlightMiddleware`, and wrapped in the smallest pure-ASGI counting middleware (the
 floor any in-flight counter pays). For comparison, the middleware under a server it has no
 unwrapped path for (no-op ``receive``/``send`` functions: every request wrapped), and a
-Starlette ``BaseHTTPMiddleware`` that counts (what many users write first). The same is done for
-a FastAPI app with and without ``runtime.install``. Variants run interleaved, round after round,
+Starlette ``BaseHTTPMiddleware`` that counts (what many users write first). The trivial app is
+also served through a hypercorn HTTP/1.1 stream's ``receive`` and ``send``: bare, wrapped in the
+middleware (unwrapped path), and with every request wrapped, as before hypercorn had that path.
+The same is done for a FastAPI app with and without ``runtime.install``. Variants run interleaved, round after round,
 so machine noise hits all of them alike, and each is timed in this thread's own CPU time (on a
 shared machine, wall time also counts the moments another process had the core). Targets: at most 1 µs added per request on the trivial
 app, at most 1 % on the FastAPI app.
@@ -24,7 +26,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import h11
 from fastapi import FastAPI
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
@@ -74,6 +79,9 @@ class _NullTransport(asyncio.Transport):
     def is_closing(self) -> bool:
         return False
 
+    def close(self) -> None:
+        pass
+
 
 def _cycle() -> RequestResponseCycle:
     """A uvicorn request cycle, ready for one request (its body already read by the server)."""
@@ -93,6 +101,53 @@ def _cycle() -> RequestResponseCycle:
     )
     cycle.more_body = False
     return cycle
+
+
+class _HypercornServer:
+    """Stands for hypercorn's asyncio TCPServer: a writer over a discarding transport."""
+
+    def __init__(self) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        self.writer = asyncio.StreamWriter(_NullTransport(), protocol, reader, loop)
+
+    async def protocol_send(self, event: Any) -> None:
+        return None
+
+
+class _HypercornProtocol:
+    """Stands for hypercorn's H11Protocol: takes the stream's events and drops them."""
+
+    def __init__(self) -> None:
+        self.connection = h11.Connection(h11.SERVER)
+        self.send = _HypercornServer().protocol_send
+
+    async def stream_send(self, event: Any) -> None:
+        return None
+
+
+def _stream() -> HTTPStream:
+    """A hypercorn HTTP/1.1 stream, as its asyncio worker hands it to the app (receive: its app
+    queue's get; send: its app_send), its request body already queued."""
+    config = HypercornConfig()
+    stream = HTTPStream(
+        None,  # type: ignore[arg-type]
+        config,
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        False,
+        ("127.0.0.1", 50000),
+        ("127.0.0.1", 8000),
+        _HypercornProtocol().stream_send,
+        1,
+    )
+    queue: asyncio.Queue[Any] = asyncio.Queue(config.max_app_queue_size)
+    queue.put_nowait(_REQUEST)
+    stream.app_put = queue.put
+    stream.scope = SCOPE  # type: ignore[assignment]
+    stream.start_time = 0.0
+    return stream
 
 
 async def trivial(scope: Any, receive: Any, send: Any) -> None:
@@ -128,9 +183,18 @@ def fastapi_app(with_runtime: bool) -> App:
     return app
 
 
-async def per_request_ns(app: App, calls: int, *, uvicorn: bool) -> float:
+async def per_request_ns(app: App, calls: int, *, uvicorn: bool | str) -> float:
     """ns per call; ``uvicorn``: with a real request cycle's receive and send (one cycle, its
-    response state reset before each call, as uvicorn starts each request on a fresh one)."""
+    response state reset before each call, as uvicorn starts each request on a fresh one);
+    ``"hypercorn"``: the same with a hypercorn HTTP/1.1 stream's."""
+    if uvicorn == "hypercorn":
+        stream = _stream()
+        receive, send = stream.app_put.__self__.get, stream.app_send  # type: ignore[attr-defined]
+        start = time.thread_time_ns()
+        for _ in range(calls):
+            stream.state = ASGIHTTPState.REQUEST
+            await app(dict(SCOPE), receive, send)
+        return (time.thread_time_ns() - start) / calls
     if not uvicorn:
         start = time.thread_time_ns()
         for _ in range(calls):
@@ -148,14 +212,21 @@ async def per_request_ns(app: App, calls: int, *, uvicorn: bool) -> float:
 
 async def measure(quick: bool) -> dict[str, list[float]]:
     rounds, calls = (3, 5_000) if quick else (9, 30_000)
-    # name: (app, served through a uvicorn request cycle)
-    variants: dict[str, tuple[App, bool]] = {
+    # As the middleware served hypercorn before it had an unwrapped path for it: every request
+    # wrapped (the stream's class taken for one it does not know).
+    wrapped = InFlightMiddleware(trivial, gate=IntakeGate())
+    wrapped._other_kind = HTTPStream
+    # name: (app, served through a uvicorn request cycle, or a hypercorn stream)
+    variants: dict[str, tuple[App, bool | str]] = {
         "bare": (trivial, True),
         "inflight": (InFlightMiddleware(trivial, gate=IntakeGate()), True),
         "counting": (_Counting(trivial), True),
         "bare_plain": (trivial, False),
         "inflight_plain": (InFlightMiddleware(trivial, gate=IntakeGate()), False),
         "base_http": (counting_base_http(trivial), False),
+        "bare_hypercorn": (trivial, "hypercorn"),
+        "inflight_hypercorn": (InFlightMiddleware(trivial, gate=IntakeGate()), "hypercorn"),
+        "inflight_hypercorn_wrapped": (wrapped, "hypercorn"),
         "fastapi": (fastapi_app(with_runtime=False), True),
         "fastapi_runtime": (fastapi_app(with_runtime=True), True),
     }
@@ -193,6 +264,18 @@ def run(quick: bool) -> list[dict[str, object]]:
         _row("counting middleware added", samples["counting"], bare, "(comparison)"),
         _row("InFlightMiddleware, wrapped", samples["inflight_plain"], plain, "(comparison)"),
         _row("BaseHTTPMiddleware added", samples["base_http"], plain, "(comparison)"),
+        _row(
+            "InFlightMiddleware, hypercorn",
+            samples["inflight_hypercorn"],
+            samples["bare_hypercorn"],
+            "≤ 1000 ns added",
+        ),
+        _row(
+            "  wrapped, hypercorn",
+            samples["inflight_hypercorn_wrapped"],
+            samples["bare_hypercorn"],
+            "(comparison)",
+        ),
         _row(
             "FastAPI + runtime added",
             samples["fastapi_runtime"],

@@ -1,8 +1,8 @@
 """Requests a drain finds already running, over real sockets, under every server kind.
 
 The in-flight middleware hands such a request the server's own ``receive`` and ``send`` under
-uvicorn (and ``forgezero-lifecycle serve``), and acts on uvicorn's request cycle when the drain
-begins; under any other server it wraps them. Either way the request must see the drain: a
+uvicorn (and ``forgezero-lifecycle serve``) and hypercorn (HTTP/1), and acts on the server's
+request cycle or stream when the drain begins; under any other server it wraps them. Either way the request must see the drain: a
 response it starts during the drain carries Connection: close, a ``receive()`` after its body
 returns ``http.disconnect`` once the stream grace is over, and an answer it sends without waiting
 on ``receive()`` arrives whole. Under serve a response that started before the drain closes its
@@ -24,10 +24,15 @@ from .conftest import run_test_app
 
 pytestmark = [pytest.mark.server, pytest.mark.anyio]
 
-#: The server kinds whose requests reach the app unwrapped (uvicorn's own request cycle).
-UNWRAPPED: frozenset[str] = frozenset(
-    {"uvicorn-h11", "uvicorn-httptools", "serve-h11", "serve-httptools"}
-)
+#: The server kinds whose requests reach the app unwrapped, and the class of the server's own
+#: object behind the ``send`` the app is handed (uvicorn's request cycle, hypercorn's stream).
+UNWRAPPED: dict[str, str] = {
+    "uvicorn-h11": "RequestResponseCycle",
+    "uvicorn-httptools": "RequestResponseCycle",
+    "serve-h11": "RequestResponseCycle",
+    "serve-httptools": "RequestResponseCycle",
+    "hypercorn": "HTTPStream",
+}
 #: Past the stream grace, so the notice comes while the request is still running.
 PAST_GRACE = STREAM_GRACE + 0.7
 
@@ -41,8 +46,8 @@ def server(
 
 
 def _owner_is_expected(server: RunningServer, owner: str) -> bool:
-    """The unwrapped path is taken exactly under uvicorn: a lost fast path fails here too."""
-    return (owner == "RequestResponseCycle") == (server.kind in UNWRAPPED)
+    """The unwrapped path is taken exactly where expected: a lost fast path fails here too."""
+    return owner == UNWRAPPED.get(server.kind, "_HttpResponder")
 
 
 async def test_an_answer_computed_across_the_notice_arrives_whole_and_closes(

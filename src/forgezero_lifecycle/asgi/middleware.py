@@ -29,14 +29,15 @@ raises ``ConnectionClosedByDrainError`` (``RUNTIME_DRAIN_CONNECTION_ABANDONED``)
 abandoned: the middleware returns, the server closes it, and the count is released in time.
 What the app raises because of the drain's own ``ConnectionClosedByDrainError`` is not passed on.
 
-Under uvicorn a request admitted while no drain has begun is not wrapped at all: it gets the
-server's own ``receive`` and ``send``, and the drain acts on uvicorn's request cycle instead, from
-its first instant (:mod:`forgezero_lifecycle.asgi._uvicorn`); the guarantees above hold for it
-too. Every other request, and every request under another server, goes through a per-request
-responder that does the same on the messages.
+Under uvicorn, and under hypercorn for HTTP/1, a request admitted while no drain has begun is
+not wrapped at all: it gets the server's own ``receive`` and ``send``, and the drain acts on
+uvicorn's request cycle (:mod:`forgezero_lifecycle.asgi._uvicorn`) or hypercorn's stream
+(:mod:`forgezero_lifecycle.asgi._hypercorn`) instead, from its first instant; the guarantees
+above hold for it too. Every other request (admitted during a drain, HTTP/2, or under another
+server) goes through a per-request responder that does the same on the messages.
 
-No per-request state lives on ``self`` but the set of running uvicorn cycles a drain acts on;
-everything else per request is a local or a closure.
+No per-request state lives on ``self`` but the set of running uvicorn cycles and hypercorn
+streams a drain acts on; everything else per request is a local or a closure.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ from .._errors import ConnectionClosedByDrainError
 from ..core.gate import DrainMoment, IntakeGate
 from ..core.signal_drain import SignalDrain
 from ..wire.paths import CONTROL_PREFIX
+from . import _hypercorn
 from ._body import discard_body
+from ._hypercorn import HTTP1, KNOWN_STREAMS, DrainSend
 from ._paths import app_path
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from ._uvicorn import ABANDONED_CODE, KNOWN_CYCLES, act, given_up, learn, reconnect, settle
@@ -95,16 +98,18 @@ class InFlightMiddleware:
         self._control = control
         self._exempt = exempt
         self._close_code = websocket_close_code
-        #: uvicorn request cycles admitted while serving and still running (asgi._uvicorn).
+        #: uvicorn request cycles and hypercorn streams admitted while serving and still running
+        #: (asgi._uvicorn, asgi._hypercorn).
         self._running: set[Any] = set()
         #: Whether an HTTP or WebSocket scope must be screened in full before it is counted: with
         #: an exempt predicate, or while the signal hook waits for a first request to install it
         #: (:attr:`SignalDrain.pending <forgezero_lifecycle.core.signal_drain.SignalDrain>`
         #: turns true again only when a lifespan here ends without a shutdown, see _lifespan).
         self._screen = exempt is not None or (signals is not None and signals.pending)
-        #: The class of the last uvicorn cycle seen, and of the last ``send.__self__`` that was
-        #: not one: one or two identity tests per request.
+        #: The class of the last uvicorn cycle seen, of the last hypercorn stream, and of the last
+        #: ``send.__self__`` that was neither: a few identity tests per request.
         self._cycle_kind: type | None = None
+        self._stream_kind: type | None = None
         self._other_kind: type | None = None
         gate.watch(self._at_drain_moment)
         #: The refusal's headers over HTTP/2 and HTTP/3, where ``connection`` is forbidden, and
@@ -139,7 +144,11 @@ class InFlightMiddleware:
         cycle_kind = type(cycle)
         if (
             cycle_kind is self._cycle_kind
-            or (cycle_kind is not self._other_kind and self._is_cycle(cycle))
+            or (
+                cycle_kind is not self._other_kind
+                and cycle_kind is not self._stream_kind
+                and self._is_cycle(cycle)
+            )
         ) and not gate.draining:
             running = self._running
             running.add(cycle)
@@ -156,6 +165,26 @@ class InFlightMiddleware:
                     await settle(cycle)
             finally:
                 running.discard(cycle)
+                gate.release_http()
+            return
+        # Under hypercorn, an HTTP/1 request while serving: the same, on hypercorn's HTTPStream
+        # (asgi._hypercorn); HTTP/2 streams share a connection and are wrapped.
+        if cycle_kind is self._stream_kind and scope["http_version"] in HTTP1 and not gate.draining:
+            stream: Any = cycle
+            running = self._running
+            running.add(stream)
+            try:
+                await self.app(scope, receive, send)
+            except Exception as error:
+                if not (gate.draining and _hypercorn.given_up(stream) and _caused_by_drain(error)):
+                    raise
+            else:
+                if gate.draining:
+                    await _hypercorn.settle(stream)
+            finally:
+                running.discard(stream)
+                if type(stream.send) is DrainSend:
+                    _hypercorn.release(stream)
                 gate.release_http()
             return
         responder = _HttpResponder(gate, receive, send, scope)
@@ -227,23 +256,33 @@ class InFlightMiddleware:
         await send({"type": "http.response.body", "body": _REFUSAL_BODY})
 
     def _is_cycle(self, cycle: object) -> bool:
-        """Whether ``cycle`` (``send.__self__``) is a uvicorn request cycle; remembers its class."""
+        """Whether ``cycle`` (``send.__self__``) is a uvicorn request cycle; remembers its class,
+        and that of a hypercorn stream (for which this is False)."""
         kind = type(cycle)
         known = KNOWN_CYCLES.get(kind)
         if known is None:
             known = learn(cycle)
         if known:
             self._cycle_kind = kind
+            return True
+        stream = KNOWN_STREAMS.get(kind)
+        if stream is None:
+            stream = _hypercorn.learn(cycle)
+        if stream:
+            self._stream_kind = kind
         else:
             self._other_kind = kind
-        return known
+        return False
 
     def _at_drain_moment(self, moment: DrainMoment) -> None:
         for cycle in list(self._running):
             try:
-                act(moment, cycle)
-            except Exception:  # a uvicorn that changed under us: log, never stop the drain
-                logger.exception("drain.uvicorn_cycle_failed moment=%s", moment)
+                if KNOWN_STREAMS.get(type(cycle)):
+                    _hypercorn.act(moment, cycle)
+                else:
+                    act(moment, cycle)
+            except Exception:  # a server that changed under us: log, never stop the drain
+                logger.exception("drain.server_request_failed moment=%s", moment)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         gate = self._gate

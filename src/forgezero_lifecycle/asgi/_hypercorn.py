@@ -1,0 +1,271 @@
+"""The in-flight middleware under hypercorn: nothing wrapped while serving an HTTP/1 request; a
+drain acts on hypercorn's own ``HTTPStream`` instead.
+
+While no drain has begun, an HTTP/1 request hypercorn's asyncio worker serves (its ``send`` is
+the bound ``app_send`` of an ``HTTPStream``) reaches the app with the server's own ``receive``
+(the stream's app queue) and ``send``; the middleware counts it and keeps the stream in its set
+of running requests. Each drain moment then acts on the streams in that set, synchronously
+(:meth:`~forgezero_lifecycle.core.gate.IntakeGate.watch`), through :class:`DrainSend`, which takes
+the place of the stream's ``send`` (what ``app_send`` hands each response event to) until the app
+returns:
+
+* draining: a response not started yet gets ``connection: close`` (hypercorn's h11 then closes
+  the connection after it), as a wrapped response would. One that started before keeps its
+  connection, as under any server;
+* notice: ``http.disconnect`` is put in the stream's app queue right after the last part of the
+  request body (at once when the body is all in, else as soon as its last part arrives), so a
+  ``receive()`` after the body, waiting at the notice or made later, returns it as if the client
+  had left. When the app returns with its chunked response unfinished, the stream is ended with
+  an empty last chunk (a declared length cannot end early: hypercorn closes the connection);
+* cutoff: a send blocked in flow control is given up: the connection is aborted (which lets the
+  blocked send return), and from then on the app's next send, or a send that would block, raises
+  :class:`~forgezero_lifecycle.ConnectionClosedByDrainError`.
+
+HTTP/2 streams (``scope["http_version"]`` ``"2"``) share the class but not the connection, so
+they are wrapped as under any other server. What this relies on of hypercorn (tested with 0.18):
+the stream's ``state`` (``ASGIHTTPState``), ``closed``, ``response``, ``send`` (the H11Protocol's
+``stream_send``, whose own ``send`` is the asyncio ``TCPServer``'s, with its ``writer``),
+``app_put`` (the ``put`` of an ``asyncio.Queue`` the app's ``receive`` reads) and ``app_send``,
+and h11's ``their_state``. A stream without them is served by the wrapped path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, final
+
+import h11
+
+from .._clock import first
+from .._errors import ConnectionClosedByDrainError
+from ..core.gate import DrainMoment
+from ._uvicorn import ABANDONED_CODE
+
+__all__ = ["HTTP1", "KNOWN_STREAMS", "DrainSend", "act", "given_up", "learn", "release", "settle"]
+
+logger = logging.getLogger("forgezero_lifecycle.middleware")
+
+#: The HTTP versions served unwrapped (an HTTP/2 stream shares its connection with others).
+HTTP1: Final = frozenset({"1.0", "1.1"})
+_CLOSE: Final = (b"connection", b"close")
+_LAST_CHUNK: Final = {"type": "http.response.body", "body": b"", "more_body": False}
+_STREAM_MODULES: Final = frozenset({"hypercorn.protocol.http_stream"})
+#: h11's states of the client's side once its whole request (body included) is in.
+_BODY_IN: Final = frozenset({h11.DONE, h11.MUST_CLOSE, h11.CLOSED})
+#: Per class of ``send.__self__``: whether it is a hypercorn stream this path knows, filled by
+#: :func:`learn` once per class (a middleware remembers the last class itself).
+KNOWN_STREAMS: Final[dict[type, bool]] = {}
+
+_STREAM_ATTRIBUTES: Final = ("state", "closed", "send", "app_put", "app_send", "scope")
+
+
+def learn(stream: object) -> bool:
+    """Whether ``stream`` (a ``send.__self__``) is a hypercorn ``HTTPStream`` of the asyncio worker
+    with all this path uses; remembered per class in KNOWN_STREAMS."""
+    kind = type(stream)
+    known = (
+        kind.__name__ == "HTTPStream"
+        and kind.__module__ in _STREAM_MODULES
+        and all(hasattr(stream, name) for name in _STREAM_ATTRIBUTES)
+        and _has_what_a_drain_uses(stream)
+    )
+    KNOWN_STREAMS[kind] = known
+    return known
+
+
+def _has_what_a_drain_uses(stream: Any) -> bool:
+    queue = getattr(stream.app_put, "__self__", None)
+    protocol = getattr(stream.send, "__self__", None)
+    server = getattr(getattr(protocol, "send", None), "__self__", None)
+    writer = getattr(server, "writer", None)
+    return (
+        isinstance(queue, asyncio.Queue)
+        and all(hasattr(queue, name) for name in ("_queue", "_putters"))
+        and {"REQUEST", "RESPONSE"} <= set(getattr(type(stream.state), "__members__", ()))
+        and hasattr(protocol, "connection")
+        and isinstance(writer, asyncio.StreamWriter)
+        and hasattr(getattr(writer, "_protocol", None), "_paused")
+    )
+
+
+def act(moment: DrainMoment, stream: Any) -> None:
+    """Apply one drain moment to the stream of a request admitted before the drain."""
+    if stream.closed or stream.state.name not in ("REQUEST", "RESPONSE"):
+        return  # its response is complete
+    drain = stream.send
+    if type(drain) is not DrainSend:
+        drain = stream.send = DrainSend(stream, drain)
+    if moment == "notice" or moment == "cutoff":
+        drain.tell_disconnect()
+    if moment == "cutoff":
+        drain.cut_off()
+
+
+def given_up(stream: Any) -> bool:
+    """Whether the cutoff gave up on this stream's connection (hypercorn then leaves it be)."""
+    drain = stream.send
+    if type(drain) is DrainSend and drain.abandoned:
+        stream.closed = True
+        return True
+    return False
+
+
+def release(stream: Any) -> None:
+    """Once the app returned: hypercorn's own send again, for what hypercorn sends itself."""
+    drain = stream.send
+    if type(drain) is DrainSend:
+        stream.send = drain.server_send
+        drain.forget()
+
+
+async def settle(stream: Any) -> None:
+    """After the app returned during a drain: end the chunked response the notice cut short."""
+    drain = stream.send
+    if type(drain) is not DrainSend or given_up(stream) or not drain.told_consumed():
+        return
+    if stream.closed or stream.state.name != "RESPONSE":
+        return
+    headers = stream.response.get("headers", ())
+    if any(name.lower() == b"content-length" for name, _ in headers):
+        return  # a declared length cannot end early: hypercorn closes the connection
+    try:
+        await stream.app_send(_LAST_CHUNK)
+    except ConnectionClosedByDrainError:
+        stream.closed = True
+    except Exception:  # h11 refused to end the body here: close the connection instead
+        stream.closed = True
+        drain.close_connection()
+
+
+@final
+class DrainSend:
+    """A running stream's ``send`` (hypercorn's protocol events) while a drain is on."""
+
+    __slots__ = (
+        "_cut",
+        "_put_later",
+        "_queue",
+        "_stream",
+        "_told",
+        "abandoned",
+        "close",
+        "server_send",
+    )
+
+    def __init__(self, stream: Any, server_send: Callable[[Any], Awaitable[None]]) -> None:
+        self._stream = stream
+        self.server_send = server_send
+        #: The stream's app queue, which the app's ``receive`` reads.
+        self._queue: asyncio.Queue[Any] = stream.app_put.__self__
+        #: Putting the disconnect behind a body part that waits for room in the queue.
+        self._put_later: asyncio.Future[None] | None = None
+        #: The response had not started when the drain began: it asks for the connection's close.
+        self.close = stream.state.name == "REQUEST"
+        #: The ``http.disconnect`` the notice put (or will put) in the app queue.
+        self._told: dict[str, Any] | None = None
+        #: Set at the cutoff: from then on a send that would block is given up.
+        self._cut: asyncio.Event | None = None
+        #: A send was blocked at the cutoff, or would have blocked after it.
+        self.abandoned = False
+
+    async def __call__(self, event: Any) -> None:
+        if self.abandoned:
+            raise _abandoned()
+        if self.close and type(event).__name__ == "Response" and event.status_code >= 200:
+            self.close = False
+            if not any(name.lower() == b"connection" for name, _ in event.headers):
+                event = dataclasses.replace(event, headers=[*event.headers, _CLOSE])
+        cut = self._cut
+        if cut is None:
+            await self.server_send(event)
+            return
+        sending = await first(self.server_send(event), cut.wait())
+        if sending.cancelled():
+            self.abandon()
+            raise _abandoned()
+        sending.result()
+
+    def tell_disconnect(self) -> None:
+        """Have the app's next ``receive()`` after its body return ``http.disconnect``."""
+        if self._told is not None:
+            return
+        told = self._told = {"type": "http.disconnect"}
+        stream = self._stream
+        queue = self._queue
+        protocol = self.server_send.__self__  # type: ignore[attr-defined]
+        if protocol.connection.their_state not in _BODY_IN:
+            stream.app_put = _PutThenTell(stream.app_put, told)  # its last part is yet to come
+        elif queue._putters or queue.full():  # type: ignore[attr-defined]
+            # The last part waits for room in the queue: the disconnect queues up behind it.
+            self._put_later = asyncio.ensure_future(queue.put(told))
+        else:
+            queue.put_nowait(told)
+
+    def told_consumed(self) -> bool:
+        """Whether the app's ``receive()`` returned the disconnect the notice put."""
+        told = self._told
+        if told is None:
+            return False
+        put = self._stream.app_put
+        if type(put) is _PutThenTell and not put.put:
+            return False
+        if self._put_later is not None and not self._put_later.done():
+            return False
+        return not any(message is told for message in self._queue._queue)  # type: ignore[attr-defined]
+
+    def forget(self) -> None:
+        """The app returned: a disconnect still waiting for room in the queue is not needed."""
+        if self._put_later is not None:
+            self._put_later.cancel()
+
+    def cut_off(self) -> None:
+        if self._cut is None:
+            self._cut = asyncio.Event()
+            self._cut.set()
+        paused = self._writer()._protocol._paused  # type: ignore[attr-defined]
+        if paused:  # a send is blocked by a client that does not read
+            self.abandon()
+
+    def close_connection(self) -> None:
+        self._writer().transport.close()
+
+    def abandon(self) -> None:
+        if self.abandoned:
+            return
+        self.abandoned = True
+        logger.warning("drain.connection_abandoned kind=http")
+        self._writer().transport.abort()  # the blocked send returns; the next one raises
+
+    def _writer(self) -> asyncio.StreamWriter:
+        server = self.server_send.__self__.send.__self__  # type: ignore[attr-defined]
+        writer: asyncio.StreamWriter = server.writer
+        return writer
+
+
+@final
+class _PutThenTell:
+    """A stream's ``app_put`` after the notice, while the request body is still coming: the
+    disconnect follows the body's last part into the app queue."""
+
+    __slots__ = ("_put", "_told", "put")
+
+    def __init__(self, put: Callable[[Any], Awaitable[None]], told: dict[str, Any]) -> None:
+        self._put = put
+        self._told = told
+        #: The disconnect is in the queue.
+        self.put = False
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        await self._put(message)
+        if not self.put and message["type"] == "http.request" and not message.get("more_body"):
+            self.put = True
+            await self._put(self._told)
+
+
+def _abandoned() -> ConnectionClosedByDrainError:
+    return ConnectionClosedByDrainError(
+        ABANDONED_CODE, detail="the client did not read before the drain's deadline"
+    )
