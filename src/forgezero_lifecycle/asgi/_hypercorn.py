@@ -13,7 +13,7 @@ returns:
   the connection after it), as a wrapped response would. One that started before keeps its
   connection, as under any server;
 * notice: ``http.disconnect`` is put in the stream's app queue right after the last part of the
-  request body (at once when the body is all in, else as soon as its last part arrives), so a
+  request body (behind its last part in the queue, or as soon as that part arrives), so a
   ``receive()`` after the body, waiting at the notice or made later, returns it as if the client
   had left. When the app returns with its chunked response unfinished, the stream is ended with
   an empty last chunk (a declared length cannot end early: hypercorn closes the connection);
@@ -83,7 +83,7 @@ def _has_what_a_drain_uses(stream: Any) -> bool:
     writer = getattr(server, "writer", None)
     return (
         isinstance(queue, asyncio.Queue)
-        and all(hasattr(queue, name) for name in ("_queue", "_putters"))
+        and hasattr(queue, "_queue")
         and {"REQUEST", "RESPONSE"} <= set(getattr(type(stream.state), "__members__", ()))
         and hasattr(protocol, "connection")
         and isinstance(writer, asyncio.StreamWriter)
@@ -194,15 +194,14 @@ class DrainSend:
             return
         told = self._told = {"type": "http.disconnect"}
         stream = self._stream
-        queue = self._queue
         protocol = self.server_send.__self__  # type: ignore[attr-defined]
         if protocol.connection.their_state not in _BODY_IN:
             stream.app_put = _PutThenTell(stream.app_put, told)  # its last part is yet to come
-        elif queue._putters or queue.full():  # type: ignore[attr-defined]
-            # The last part waits for room in the queue: the disconnect queues up behind it.
-            self._put_later = asyncio.ensure_future(queue.put(told))
         else:
-            queue.put_nowait(told)
+            # The body is all in, but its last part may still be on its way into the queue: a
+            # put waiting for room, or one a get() just woke and that has not run yet. A put of
+            # our own, in a task scheduled after those, queues the disconnect behind it.
+            self._put_later = asyncio.ensure_future(self._queue.put(told))
 
     def told_consumed(self) -> bool:
         """Whether the app's ``receive()`` returned the disconnect the notice put."""
