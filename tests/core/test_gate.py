@@ -86,3 +86,60 @@ async def test_draining_event_is_set_and_cleared_with_the_draining_flag() -> Non
     assert (gate.draining, gate.draining_event.is_set()) == (False, False)
     gate.close()
     assert (gate.draining, gate.draining_event.is_set()) == (True, True)
+
+
+async def test_members_of_a_running_set_count_as_admitted_requests() -> None:
+    """A running set's members are HTTP requests in flight: in the statistics, and wait_idle()
+    waits for them as for units admitted by try_admit()."""
+    gate = IntakeGate()
+    running = gate.running_set()
+    first, second = object(), object()
+    running.update((first, second))
+    assert gate.try_admit("http")
+    assert gate.statistics().http == 3
+    waiter = asyncio.ensure_future(gate.wait_idle())
+    await settle()
+    assert gate.waiting_idle
+    gate.release("http")
+    running.discard(first)
+    gate.released()
+    await settle()
+    assert not waiter.done()
+    running.discard(second)
+    gate.released()
+    await settle()
+    assert waiter.done()
+    assert not gate.waiting_idle
+    assert gate.statistics().http == 0
+
+
+async def test_serving_is_open_and_not_draining() -> None:
+    """The one test a running set's owner makes before it adds a member follows every moment."""
+    gate = IntakeGate()
+    assert gate.serving
+    gate.begin_draining()
+    assert not gate.serving
+    assert gate.is_open
+    gate.reopen()
+    assert gate.serving
+    gate.close()
+    assert not gate.serving
+    assert not gate.is_open
+    gate.reopen()
+    assert gate.serving
+
+
+async def test_wait_idle_outside_a_drain_wakes_for_running_set_members_too() -> None:
+    """waiting_idle tells the owner to call released() whether or not a drain is on."""
+    gate = IntakeGate()
+    running = gate.running_set()
+    member = object()
+    running.add(member)
+    waiter = asyncio.ensure_future(gate.wait_idle())
+    await settle()
+    assert gate.waiting_idle
+    assert gate.serving
+    running.discard(member)
+    gate.released()
+    await settle()
+    assert waiter.done()

@@ -99,8 +99,8 @@ class InFlightMiddleware:
         self._exempt = exempt
         self._close_code = websocket_close_code
         #: uvicorn request cycles and hypercorn streams admitted while serving and still running
-        #: (asgi._uvicorn, asgi._hypercorn).
-        self._running: set[Any] = set()
+        #: (asgi._uvicorn, asgi._hypercorn): the gate counts them as admitted HTTP requests.
+        self._running: set[Any] = gate.running_set()
         #: Whether an HTTP or WebSocket scope must be screened in full before it is counted: with
         #: an exempt predicate, or while the signal hook waits for a first request to install it
         #: (:attr:`SignalDrain.pending <forgezero_lifecycle.core.signal_drain.SignalDrain>`
@@ -132,24 +132,21 @@ class InFlightMiddleware:
             if elsewhere is not None:
                 await elsewhere(scope, receive, send)
                 return
+        # Under uvicorn, while serving: the server's own receive and send, counted as a member of
+        # the gate's running set that each drain moment acts on (asgi._uvicorn); added in the
+        # same synchronous step as the test of gate.serving, so a drain that begins later finds
+        # this request in the set.
         gate = self._gate
-        if not gate.admit_http():
-            gate.refused_http += 1
-            await self._refuse_http(scope, receive, send)
-            return
-        # Under uvicorn, while serving: the server's own receive and send, and a set of running
-        # cycles that each drain moment acts on (asgi._uvicorn). In the same synchronous step as
-        # the admission, so a drain that begins later finds this request in the set.
         cycle = getattr(send, "__self__", None)
-        cycle_kind = type(cycle)
-        if (
-            cycle_kind is self._cycle_kind
+        kind = type(cycle)
+        if gate.serving and (
+            kind is self._cycle_kind
             or (
-                cycle_kind is not self._other_kind
-                and cycle_kind is not self._stream_kind
+                kind is not self._other_kind
+                and kind is not self._stream_kind
                 and self._is_cycle(cycle)
             )
-        ) and not gate.draining:
+        ):
             running = self._running
             running.add(cycle)
             try:
@@ -165,11 +162,12 @@ class InFlightMiddleware:
                     await settle(cycle)
             finally:
                 running.discard(cycle)
-                gate.release_http()
+                if gate.waiting_idle:
+                    gate.released()
             return
         # Under hypercorn, an HTTP/1 request while serving: the same, on hypercorn's HTTPStream
         # (asgi._hypercorn); HTTP/2 streams share a connection and are wrapped.
-        if cycle_kind is self._stream_kind and scope["http_version"] in HTTP1 and not gate.draining:
+        if gate.serving and kind is self._stream_kind and scope["http_version"] in HTTP1:
             stream: Any = cycle
             running = self._running
             running.add(stream)
@@ -185,7 +183,14 @@ class InFlightMiddleware:
                 running.discard(stream)
                 if type(stream.send) is DrainSend:
                     _hypercorn.release(stream)
-                gate.release_http()
+                if gate.waiting_idle:
+                    gate.released()
+            return
+        # Everything else (admitted while draining, HTTP/2, another server) is counted by the
+        # gate and wrapped.
+        if not gate.admit_http():
+            gate.refused_http += 1
+            await self._refuse_http(scope, receive, send)
             return
         responder = _HttpResponder(gate, receive, send, scope)
         try:

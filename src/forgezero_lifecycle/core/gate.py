@@ -8,7 +8,9 @@ released, :attr:`notice` tells long-lived connections that their stream grace is
 on them.
 
 The admit/release pair runs on every request, so it touches two ints and nothing else: the
-future that :meth:`wait_idle` awaits exists only while somebody waits.
+future that :meth:`wait_idle` awaits exists only while somebody waits. A middleware that serves
+requests unwrapped counts them cheaper still, as members of a set of its own
+(:meth:`running_set`): adding one while :attr:`serving` is admission, discarding it is release.
 
 Four flags, four moments of a drain (the runtime module's docstring lists its steps)::
 
@@ -59,12 +61,15 @@ class IntakeGate:
         "_idle_waiters",
         "_notice",
         "_open",
+        "_running_sets",
         "_watchers",
         "_websocket",
         "closed_at_grace",
         "draining",
         "refused_http",
         "refused_websocket",
+        "serving",
+        "waiting_idle",
     )
 
     def __init__(self) -> None:
@@ -74,8 +79,15 @@ class IntakeGate:
         #: Readiness is off and responses should move clients away (``Connection: close``). The
         #: plain bool the request path reads; :attr:`draining_event` is set and cleared with it.
         self.draining = False
+        #: Open and not draining: a request admitted now needs nothing done to it until a drain
+        #: moment comes (the test before adding to a :meth:`running_set`).
+        self.serving = True
+        #: The sets of :meth:`running_set`, whose members count as admitted HTTP requests.
+        self._running_sets: list[set[object]] = []
         self._draining_event = asyncio.Event()
         self._idle_waiters: list[asyncio.Future[None]] = []
+        #: Somebody waits in :meth:`wait_idle` (the test after discarding from a running set).
+        self.waiting_idle = False
         self._notice = asyncio.Event()
         self._cutoff = asyncio.Event()
         self._watchers: list[Callable[[DrainMoment], None]] = []
@@ -124,7 +136,7 @@ class IntakeGate:
     def release_http(self) -> None:
         """:meth:`release` for ``"http"`` (the per-request path)."""
         self._http -= 1
-        if self._idle_waiters and self._http == 0 and self._websocket == 0:
+        if self._idle_waiters and self._idle():
             self._wake_idle()
 
     def release(self, kind: GateKind) -> None:
@@ -133,11 +145,38 @@ class IntakeGate:
             self._http -= 1
         else:
             self._websocket -= 1
-        if self._idle_waiters and self._http == 0 and self._websocket == 0:
+        if self._idle_waiters and self._idle():
             self._wake_idle()
+
+    def running_set(self) -> set[object]:
+        """A new set whose members count as admitted HTTP requests, for a middleware's requests
+        that the drain acts on from outside (the server's own request objects, unwrapped).
+
+        Its owner keeps two rules: a member is added only while :attr:`serving` is true, in the
+        same synchronous step as that test (so nothing is admitted once a drain has begun, and a
+        drain moment finds every member in the set); once one is discarded, the owner calls
+        :meth:`released` if :attr:`waiting_idle`. What a request costs to count is then a set
+        add, a set discard and two attribute reads.
+        """
+        members: set[object] = set()
+        self._running_sets.append(members)
+        return members
+
+    def released(self) -> None:
+        """A member of a :meth:`running_set` was discarded while :attr:`waiting_idle`: wake
+        :meth:`wait_idle` if nothing is left in flight."""
+        if self._idle_waiters and self._idle():
+            self._wake_idle()
+
+    def _in_flight_http(self) -> int:
+        return self._http + sum(map(len, self._running_sets))
+
+    def _idle(self) -> bool:
+        return self._websocket == 0 and self._in_flight_http() == 0
 
     def _wake_idle(self) -> None:
         waiters, self._idle_waiters = self._idle_waiters, []
+        self.waiting_idle = False
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
@@ -156,6 +195,7 @@ class IntakeGate:
         """Readiness off: admission continues, responses start asking clients to reconnect."""
         if not self.draining:
             self.draining = True
+            self.serving = False
             self._draining_event.set()
             self._tell("draining")
 
@@ -179,22 +219,24 @@ class IntakeGate:
         """Undo a drain: admit again, stop asking clients to reconnect, withdraw notice and cutoff."""
         self._open = True
         self.draining = False
+        self.serving = True
         self._draining_event.clear()
         self._notice.clear()
         self._cutoff.clear()
 
     async def wait_idle(self) -> None:
         """Return once no HTTP request or WebSocket session is in flight."""
-        if self._http == 0 and self._websocket == 0:
+        if self._idle():
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._idle_waiters.append(waiter)
+        self.waiting_idle = True
         await waiter
 
     def statistics(self) -> GateStatistics:
         """A frozen copy of the in-flight counts and the refusal and notice totals."""
         return GateStatistics(
-            http=self._http,
+            http=self._in_flight_http(),
             websocket=self._websocket,
             refused_http=self.refused_http,
             refused_websocket=self.refused_websocket,
