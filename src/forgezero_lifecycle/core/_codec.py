@@ -68,17 +68,7 @@ def gc_paused(step: Callable[P, R]) -> Callable[P, R]:
     (if it was enabled) as soon as the step returns or raises.
     """
 
-    @functools.wraps(step)
-    def paused(*args: P.args, **kwargs: P.kwargs) -> R:
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            return step(*args, **kwargs)
-        finally:
-            if enabled:
-                gc.enable()
-
-    return paused
+    return _collector_paused(step, promote=False)
 
 
 def gc_paused_keeping(step: Callable[P, R]) -> Callable[P, R]:
@@ -94,6 +84,10 @@ def gc_paused_keeping(step: Callable[P, R]) -> Callable[P, R]:
     value as usual. Nor on a free-threaded build, whose ``freeze`` visits every object.
     """
 
+    return _collector_paused(step, promote=True)
+
+
+def _collector_paused(step: Callable[P, R], *, promote: bool) -> Callable[P, R]:
     @functools.wraps(step)
     def paused(*args: P.args, **kwargs: P.kwargs) -> R:
         enabled = gc.isenabled()
@@ -102,7 +96,7 @@ def gc_paused_keeping(step: Callable[P, R]) -> Callable[P, R]:
             return step(*args, **kwargs)
         finally:
             if enabled:
-                if _PROMOTES and gc.get_freeze_count() == 0:
+                if promote and _PROMOTES and gc.get_freeze_count() == 0:
                     gc.freeze()
                     gc.unfreeze()
                 gc.enable()
