@@ -37,8 +37,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, final
 
-import h11
-
 from .._clock import first
 from .._errors import ConnectionClosedByDrainError
 from ..core.gate import DrainMoment
@@ -53,8 +51,9 @@ HTTP1: Final = frozenset({"1.0", "1.1"})
 _CLOSE: Final = (b"connection", b"close")
 _LAST_CHUNK: Final = {"type": "http.response.body", "body": b"", "more_body": False}
 _STREAM_MODULES: Final = frozenset({"hypercorn.protocol.http_stream"})
-#: h11's states of the client's side once its whole request (body included) is in.
-_BODY_IN: Final = frozenset({h11.DONE, h11.MUST_CLOSE, h11.CLOSED})
+#: The names of h11's states of the client's side once its whole request (body included) is
+#: in. Names, not h11's objects: this module is imported under every server, h11 is not.
+_BODY_IN: Final = frozenset({"DONE", "MUST_CLOSE", "CLOSED"})
 #: Per class of ``send.__self__``: whether it is a hypercorn stream this path knows, filled by
 #: :func:`learn` once per class (a middleware remembers the last class itself).
 KNOWN_STREAMS: Final[dict[type, bool]] = {}
@@ -195,7 +194,7 @@ class DrainSend:
         told = self._told = {"type": "http.disconnect"}
         stream = self._stream
         protocol = self.server_send.__self__  # type: ignore[attr-defined]
-        if protocol.connection.their_state not in _BODY_IN:
+        if protocol.connection.their_state.__name__ not in _BODY_IN:
             stream.app_put = _PutThenTell(stream.app_put, told)  # its last part is yet to come
         else:
             # The body is all in, but its last part may still be on its way into the queue: a
