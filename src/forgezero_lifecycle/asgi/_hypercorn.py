@@ -40,7 +40,7 @@ from typing import Any, Final, final
 from .._clock import first
 from .._errors import ConnectionClosedByDrainError
 from ..core.gate import DrainMoment
-from ._uvicorn import ABANDONED_CODE
+from ._drain_messages import CLOSE_HEADER, LAST_CHUNK, abandoned
 
 __all__ = ["HTTP1", "KNOWN_STREAMS", "DrainSend", "act", "given_up", "learn", "release", "settle"]
 
@@ -48,8 +48,6 @@ logger = logging.getLogger("forgezero_lifecycle.middleware")
 
 #: The HTTP versions served unwrapped (an HTTP/2 stream shares its connection with others).
 HTTP1: Final = frozenset({"1.0", "1.1"})
-_CLOSE: Final = (b"connection", b"close")
-_LAST_CHUNK: Final = {"type": "http.response.body", "body": b"", "more_body": False}
 _STREAM_MODULES: Final = frozenset({"hypercorn.protocol.http_stream"})
 #: The names of h11's states of the client's side once its whole request (body included) is
 #: in. Names, not h11's objects: this module is imported under every server, h11 is not.
@@ -131,7 +129,7 @@ async def settle(stream: Any) -> None:
     if any(name.lower() == b"content-length" for name, _ in headers):
         return  # a declared length cannot end early: hypercorn closes the connection
     try:
-        await stream.app_send(_LAST_CHUNK)
+        await stream.app_send(LAST_CHUNK)
     except ConnectionClosedByDrainError:
         stream.closed = True
     except Exception:  # h11 refused to end the body here: close the connection instead
@@ -172,11 +170,11 @@ class DrainSend:
 
     async def __call__(self, event: Any) -> None:
         if self.abandoned:
-            raise _abandoned()
+            raise abandoned()
         if self.close and type(event).__name__ == "Response" and event.status_code >= 200:
             self.close = False
             if not any(name.lower() == b"connection" for name, _ in event.headers):
-                event = dataclasses.replace(event, headers=[*event.headers, _CLOSE])
+                event = dataclasses.replace(event, headers=[*event.headers, CLOSE_HEADER])
         cut = self._cut
         if cut is None:
             await self.server_send(event)
@@ -184,7 +182,7 @@ class DrainSend:
         sending = await first(self.server_send(event), cut.wait())
         if sending.cancelled():
             self.abandon()
-            raise _abandoned()
+            raise abandoned()
         sending.result()
 
     def tell_disconnect(self) -> None:
@@ -261,9 +259,3 @@ class _PutThenTell:
         if not self.put and message["type"] == "http.request" and not message.get("more_body"):
             self.put = True
             await self._put(self._told)
-
-
-def _abandoned() -> ConnectionClosedByDrainError:
-    return ConnectionClosedByDrainError(
-        ABANDONED_CODE, detail="the client did not read before the drain's deadline"
-    )

@@ -37,9 +37,9 @@ from typing import Any, Final, final
 
 from .._errors import ConnectionClosedByDrainError
 from ..core.gate import DrainMoment
+from ._drain_messages import CLOSE_HEADER, LAST_CHUNK, abandoned
 
 __all__ = [
-    "ABANDONED_CODE",
     "KNOWN_CYCLES",
     "DrainFlow",
     "act",
@@ -51,9 +51,6 @@ __all__ = [
 
 logger = logging.getLogger("forgezero_lifecycle.middleware")
 
-ABANDONED_CODE: Final = "RUNTIME_DRAIN_CONNECTION_ABANDONED"
-_CLOSE: Final = (b"connection", b"close")
-_LAST_CHUNK: Final = {"type": "http.response.body", "body": b"", "more_body": False}
 _CYCLE_MODULES: Final = frozenset(
     {"uvicorn.protocols.http.h11_impl", "uvicorn.protocols.http.httptools_impl"}
 )
@@ -99,7 +96,7 @@ def act(moment: DrainMoment, cycle: Any) -> None:
     if moment == "draining":
         if not cycle.response_started:  # one that started already keeps its connection
             cycle.keep_alive = False
-            cycle.default_headers = [*cycle.default_headers, _CLOSE]
+            cycle.default_headers = [*cycle.default_headers, CLOSE_HEADER]
         return
     flow = cycle.flow
     if type(flow) is not DrainFlow:
@@ -142,7 +139,7 @@ async def settle(cycle: Any) -> None:
     if getattr(cycle, "chunked_encoding", None) is False:
         return  # httptools: a declared length cannot end early, uvicorn closes the connection
     try:
-        await cycle.send(_LAST_CHUNK)
+        await cycle.send(LAST_CHUNK)
     except ConnectionClosedByDrainError:
         _drop(cycle)
     except Exception:  # h11 refuses to end a length-delimited body early
@@ -183,9 +180,7 @@ class DrainFlow:
         if self.cut:
             self.abandon()
         if self.abandoned:
-            raise ConnectionClosedByDrainError(
-                ABANDONED_CODE, detail="the client did not read before the drain's deadline"
-            )
+            raise abandoned()
         await self.server_flow.drain()
 
     def pause_reading(self) -> None:

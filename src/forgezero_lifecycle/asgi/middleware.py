@@ -54,10 +54,11 @@ from ..core.signal_drain import SignalDrain
 from ..wire.paths import CONTROL_PREFIX
 from . import _hypercorn
 from ._body import discard_body
+from ._drain_messages import ABANDONED_CODE, CLOSE_HEADER, LAST_CHUNK, abandoned
 from ._hypercorn import HTTP1, KNOWN_STREAMS, DrainSend
 from ._paths import app_path
 from ._types import ASGIApp, Message, Receive, Scope, Send
-from ._uvicorn import ABANDONED_CODE, KNOWN_CYCLES, act, given_up, learn, reconnect, settle
+from ._uvicorn import KNOWN_CYCLES, act, given_up, learn, reconnect, settle
 
 __all__ = ["InFlightMiddleware"]
 
@@ -67,7 +68,6 @@ _REFUSAL_BODY: Final = b'{"error":"RUNTIME_DRAINING"}'
 _DISCONNECT: Final = {"type": "http.disconnect"}
 _TRY_AGAIN_LATER: Final = 1013
 _CLOSED: Final = "RUNTIME_DRAIN_CONNECTION_CLOSED"
-_CLOSE: Final = (b"connection", b"close")
 #: HTTP versions whose responses must not carry ``connection`` (RFC 9113 8.2.2, RFC 9114 4.2).
 _NO_CONNECTION_HEADER: Final = frozenset({"2", "3"})
 
@@ -119,7 +119,7 @@ class InFlightMiddleware:
             (b"content-length", str(len(_REFUSAL_BODY)).encode()),
             (b"retry-after", str(retry_after).encode()),
         ]
-        self._refusal_headers: Final = [*self._refusal_headers_h2, _CLOSE]
+        self._refusal_headers: Final = [*self._refusal_headers_h2, CLOSE_HEADER]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The hot path, kept flat (no coroutine layer of its own) since it runs on every request:
@@ -196,9 +196,7 @@ class InFlightMiddleware:
         try:
             await self.app(scope, responder.receive, responder.send)
             if responder.cut_short and not _declares_length(responder.head):
-                await responder.send(
-                    {"type": "http.response.body", "body": b"", "more_body": False}
-                )
+                await responder.send(LAST_CHUNK)
         except Exception as error:
             if not (responder.abandoned and _caused_by_drain(error)):
                 raise
@@ -360,9 +358,7 @@ class _WebSocketSession:
                 await self._send(message)
             elif not await _send_within(self._send, message, self._gate.cutoff):
                 self._abandon()
-                raise ConnectionClosedByDrainError(
-                    ABANDONED_CODE, detail="the client did not read before the drain's deadline"
-                )
+                raise abandoned()
 
     async def close_at_notice(self) -> None:
         gate = self._gate
@@ -472,9 +468,7 @@ class _HttpResponder:
                 return
             self.abandoned = True
             logger.warning("drain.connection_abandoned kind=http")
-        raise ConnectionClosedByDrainError(
-            ABANDONED_CODE, detail="the client did not read before the drain's deadline"
-        )
+        raise abandoned()
 
 
 async def _send_within(send: Send, message: Message, cutoff: asyncio.Event) -> bool:
@@ -516,7 +510,7 @@ def _with_connection_close(message: Message) -> Message:
     for name, _ in headers:
         if name.lower() == b"connection":
             return message
-    headers.append((b"connection", b"close"))
+    headers.append(CLOSE_HEADER)
     return {**message, "headers": headers}
 
 
