@@ -168,6 +168,21 @@ def _with_lifespan(app: App) -> App:
     return served
 
 
+async def _read_to_disconnect_then_answer(
+    receive: Any, send: Any, read: list[Message], each: Callable[[], object] = lambda: None
+) -> None:
+    """An app's body: every message up to the disconnect into ``read`` (``each`` after every
+    one), then a 200 ``done``."""
+    while True:
+        message = await receive()
+        read.append(message)
+        each()
+        if message["type"] == "http.disconnect":
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"done"})
+
+
 async def until(condition: Callable[[], bool]) -> None:
     """Wait, bounded, for what the server does on its own (a send to block, say)."""
     loop = asyncio.get_running_loop()
@@ -292,14 +307,7 @@ async def test_a_body_still_coming_at_the_notice_is_read_whole_before_the_discon
     first_part = asyncio.Event()
 
     async def app(scope: Message, receive: Any, send: Any) -> None:
-        while True:
-            message = await receive()
-            read.append(message)
-            first_part.set()
-            if message["type"] == "http.disconnect":
-                break
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"done"})
+        await _read_to_disconnect_then_answer(receive, send, read, each=first_part.set)
 
     served = await hypercorn(InFlightMiddleware(app, gate=gate))
     client = await served.connect()
@@ -329,13 +337,7 @@ async def test_a_body_that_fills_the_app_queue_is_read_whole_before_the_disconne
 
     async def app(scope: Message, receive: Any, send: Any) -> None:
         await told.wait()
-        while True:
-            message = await receive()
-            read.append(message)
-            if message["type"] == "http.disconnect":
-                break
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"done"})
+        await _read_to_disconnect_then_answer(receive, send, read)
 
     served = await hypercorn(InFlightMiddleware(app, gate=gate))
     client = await served.connect()
