@@ -27,6 +27,7 @@ from bench._report import machine, markdown, not_run, print_table
 MODULES: Final = (
     "middleware",
     "server",
+    "instructions",
     "drain_latency",
     "canonical",
     "handoff",

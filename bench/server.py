@@ -73,12 +73,19 @@ def _free_port() -> int:
         return port
 
 
-def _spawn(target: str, environment: Mapping[str, str], log_dir: Path) -> Server:
+def _spawn(
+    target: str,
+    environment: Mapping[str, str],
+    log_dir: Path,
+    wrapper: Sequence[str] = (),
+    cli_module: str = "uvicorn",
+) -> Server:
     port = _free_port()
     env = {**os.environ, **environment}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(PROJECT_ROOT), env.get("PYTHONPATH"))))
     factory = target.endswith("()")
-    command = [sys.executable, "-m", "uvicorn", target.removesuffix("()"), "--host", "127.0.0.1"]
+    command = [*wrapper, sys.executable, "-m", cli_module, target.removesuffix("()")]
+    command += ["--host", "127.0.0.1"]
     command += ["--port", str(port), "--http", "httptools", "--workers", "1"]
     command += ["--log-level", "warning", "--no-access-log", *(["--factory"] if factory else [])]
     log_path = log_dir / f"{target.strip('()').replace(':', '-')}-{port}.log"
@@ -111,18 +118,26 @@ def _wait_listening(server: Server, deadline: float) -> None:
 
 
 def start_servers(
-    targets: Sequence[str], log_dir: Path, environment: Sequence[Mapping[str, str]] = ()
+    targets: Sequence[str],
+    log_dir: Path,
+    environment: Sequence[Mapping[str, str]] = (),
+    *,
+    wrapper: Sequence[str] = (),
+    startup_timeout: float = STARTUP_TIMEOUT,
+    cli_module: str = "uvicorn",
 ) -> list[Server]:
     """Start one uvicorn per target at once; return when all listen (or stop all and raise).
 
     A target is ``module:attribute``; ``module:factory()`` is served with ``--factory``.
+    ``wrapper`` is a command the server runs under, ``cli_module`` the module run as uvicorn's
+    command line (both for ``bench.instructions``).
     """
     servers: list[Server] = []
     try:
         for index, target in enumerate(targets):
             env = environment[index] if index < len(environment) else {}
-            servers.append(_spawn(target, env, log_dir))
-        deadline = time.monotonic() + STARTUP_TIMEOUT
+            servers.append(_spawn(target, env, log_dir, wrapper, cli_module))
+        deadline = time.monotonic() + startup_timeout
         for server in servers:
             _wait_listening(server, deadline)
     except BaseException:
@@ -131,14 +146,14 @@ def start_servers(
     return servers
 
 
-def stop_servers(servers: Sequence[Server]) -> None:
+def stop_servers(servers: Sequence[Server], timeout: float = STOP_TIMEOUT) -> None:
     """Terminate each process by its own PID and wait; kill one that does not stop in time."""
     for server in servers:
         if server.process.poll() is None:
             server.process.terminate()
     for server in servers:
         try:
-            server.process.wait(timeout=STOP_TIMEOUT)
+            server.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             server.process.kill()
             server.process.wait(timeout=STOP_TIMEOUT)
