@@ -28,6 +28,12 @@ drain's release margin): a send still blocked then by a client that does not rea
 raises ``ConnectionClosedByDrainError`` (``RUNTIME_DRAIN_CONNECTION_ABANDONED``) and the connection is
 abandoned: the middleware returns, the server closes it, and the count is released in time.
 What the app raises because of the drain's own ``ConnectionClosedByDrainError`` is not passed on.
+A wrapped request's send made before the drain began is the server's own coroutine, handed to
+the app as it is (no frame of the middleware's around it); if it is still blocked at the cutoff,
+the task blocked in it (found by its chain of awaits, so an app waiting on anything else is never
+touched) is cancelled instead: the app sees ``asyncio.CancelledError`` there, and the middleware
+takes that cancel back (``Task.uncancel``) and returns as for an abandoned send, unless somebody
+else, the server say, cancelled the request too: then the ``CancelledError`` is passed on.
 
 Under uvicorn, and under hypercorn for HTTP/1, a request admitted while no drain has begun is
 not wrapped at all: it gets the server's own ``receive`` and ``send``, and the drain acts on
@@ -37,7 +43,8 @@ above hold for it too. Every other request (admitted during a drain, HTTP/2, or 
 server) goes through a per-request responder that does the same on the messages.
 
 No per-request state lives on ``self`` but the set of running uvicorn cycles and hypercorn
-streams a drain acts on; everything else per request is a local or a closure.
+streams a drain acts on, and the set of running wrapped requests the cutoff looks through;
+everything else per request is a local or a closure.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from types import CoroutineType
 from typing import Any, Final, final
 
 from .._clock import first
@@ -53,6 +61,7 @@ from ..core.gate import DrainMoment, IntakeGate
 from ..core.signal_drain import SignalDrain
 from ..wire.paths import CONTROL_PREFIX
 from . import _hypercorn
+from ._blocked import tasks_blocked_in
 from ._body import discard_body
 from ._drain_messages import ABANDONED_CODE, CLOSE_HEADER, LAST_CHUNK, abandoned
 from ._hypercorn import HTTP1, KNOWN_STREAMS, DrainSend
@@ -101,6 +110,9 @@ class InFlightMiddleware:
         #: uvicorn request cycles and hypercorn streams admitted while serving and still running
         #: (asgi._uvicorn, asgi._hypercorn): the gate counts them as admitted HTTP requests.
         self._running: set[Any] = gate.running_set()
+        #: The wrapped requests running now, for the cutoff to find a send of theirs that was
+        #: blocked before the drain began (:mod:`._blocked`).
+        self._wrapped: set[_HttpResponder] = set()
         #: Whether an HTTP or WebSocket scope must be screened in full before it is counted: with
         #: an exempt predicate, or while the signal hook waits for a first request to install it
         #: (:attr:`SignalDrain.pending <forgezero_lifecycle.core.signal_drain.SignalDrain>`
@@ -193,6 +205,8 @@ class InFlightMiddleware:
             await self._refuse_http(scope, receive, send)
             return
         responder = _HttpResponder(gate, receive, send, scope)
+        wrapped = self._wrapped
+        wrapped.add(responder)
         try:
             await self.app(scope, responder.receive, responder.send)
             if responder.cut_short and not _declares_length(responder.head):
@@ -201,7 +215,14 @@ class InFlightMiddleware:
             if not (responder.abandoned and _caused_by_drain(error)):
                 raise
             # Given up: return without finishing the response, so the server closes it.
+        except asyncio.CancelledError:
+            if not responder.forgive_cancel():
+                raise  # cancelled by somebody else too (the server, say): that stands
+            # A send blocked since before the drain, cancelled at the cutoff: given up as above.
         finally:
+            wrapped.discard(responder)
+            if responder.cancelled is not None:
+                responder.forgive_cancel()  # the app swallowed the cutoff's CancelledError
             gate.release_http()
 
     def _route(self, scope: Scope) -> ASGIApp | None:
@@ -278,6 +299,15 @@ class InFlightMiddleware:
         return False
 
     def _at_drain_moment(self, moment: DrainMoment) -> None:
+        if moment == "cutoff" and self._wrapped:
+            # A wrapped send made before the drain is the server's own, handed to the app as it
+            # is: the task still blocked in one is cancelled (a send made since bounds itself).
+            try:
+                sends = [(responder, responder.sending) for responder in self._wrapped]
+                for responder, task in tasks_blocked_in(sends):
+                    responder.give_up(task)
+            except Exception:  # never stop the drain
+                logger.exception("drain.server_request_failed moment=%s", moment)
         for cycle in list(self._running):
             try:
                 if KNOWN_STREAMS.get(type(cycle)):
@@ -391,10 +421,12 @@ class _HttpResponder:
         "abandoned",
         "bodiless",
         "body_done",
+        "cancelled",
         "closes",
         "disconnected",
         "finished",
         "head",
+        "sending",
         "started",
     )
 
@@ -416,6 +448,11 @@ class _HttpResponder:
         self.abandoned = False
         #: The response start's headers, looked at only when the drain cuts the response short.
         self.head: Iterable[tuple[bytes, bytes]] = ()
+        #: The server's send coroutine of the last message sent while not draining (done, or
+        #: still blocked: what the cutoff looks for).
+        self.sending: CoroutineType[Any, Any, None] | None = None
+        #: The task the cutoff cancelled to give up that send, until the cancel is taken back.
+        self.cancelled: asyncio.Task[Any] | None = None
 
     @property
     def cut_short(self) -> bool:
@@ -423,7 +460,8 @@ class _HttpResponder:
         return self.disconnected and self.started and not self.finished
 
     # receive and send are plain functions that hand back an awaitable: on the common path it is
-    # the server's own, so the wrapper adds no coroutine frame per message.
+    # the server's own, so the wrapper adds no coroutine frame per message. send keeps the last
+    # one it handed back while not draining (``sending``), for the cutoff to look for.
 
     def receive(self) -> Awaitable[Message]:
         if self.body_done:
@@ -460,7 +498,34 @@ class _HttpResponder:
             self.finished = True
         if draining:
             return self._send_before_cutoff(message)
-        return self._send(message)
+        sending = self._send(message)
+        if type(sending) is not CoroutineType:  # a server whose send is no coroutine function
+            sending = _awaiting(sending)
+        self.sending = sending  # type: ignore[assignment]  # a coroutine now
+        return sending
+
+    def give_up(self, task: asyncio.Task[Any]) -> None:
+        """At the cutoff: ``task`` is blocked in :attr:`sending`, since before the drain; cancel it."""
+        if not self.abandoned:
+            self.abandoned = True
+            logger.warning("drain.connection_abandoned kind=http")
+        self.cancelled = task
+        task.cancel("the client did not read before the drain's deadline")
+
+    def forgive_cancel(self) -> bool:
+        """Take back the cancel of :meth:`give_up`, in the request's task; True when the
+        ``CancelledError`` it raised there came of that cancel alone (nobody else's pending)."""
+        task, self.cancelled = self.cancelled, None
+        if task is None:
+            return False
+        current = asyncio.current_task()
+        if current is None:
+            return False
+        if task is current:
+            return current.uncancel() == 0
+        # The app sent from a task of its own: the one cancelled; this one was not, unless
+        # somebody else asked.
+        return current.cancelling() == 0
 
     async def _send_before_cutoff(self, message: Message) -> None:
         if not self.abandoned:
@@ -469,6 +534,10 @@ class _HttpResponder:
             self.abandoned = True
             logger.warning("drain.connection_abandoned kind=http")
         raise abandoned()
+
+
+async def _awaiting(sending: Awaitable[None]) -> None:
+    await sending
 
 
 async def _send_within(send: Send, message: Message, cutoff: asyncio.Event) -> bool:
