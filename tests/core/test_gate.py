@@ -143,3 +143,21 @@ async def test_wait_idle_outside_a_drain_wakes_for_running_set_members_too() -> 
     gate.released()
     await settle()
     assert waiter.done()
+
+
+async def test_a_wait_idle_given_up_leaves_nobody_waiting() -> None:
+    """A wait_idle() cancelled (a drain that timed out, say) takes its waiter with it: the
+    request path stops calling released() at once, not at the next time the gate goes idle."""
+    gate = IntakeGate()
+    running = gate.running_set()
+    running.add(object())
+    first = asyncio.ensure_future(gate.wait_idle())
+    second = asyncio.ensure_future(gate.wait_idle())
+    await settle()
+    first.cancel()
+    await settle()
+    assert gate.waiting_idle  # the second still waits
+    second.cancel()
+    await settle()
+    assert not gate.waiting_idle
+    assert gate.statistics().http == 1  # the member is still in flight, nobody waits for it

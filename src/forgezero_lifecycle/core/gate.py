@@ -225,13 +225,24 @@ class IntakeGate:
         self._cutoff.clear()
 
     async def wait_idle(self) -> None:
-        """Return once no HTTP request or WebSocket session is in flight."""
+        """Return once no HTTP request or WebSocket session is in flight.
+
+        A wait given up (cancelled) is forgotten at once: :attr:`waiting_idle` turns false when
+        nobody else waits, so a running set's owner stops calling :meth:`released`.
+        """
         if self._idle():
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._idle_waiters.append(waiter)
         self.waiting_idle = True
-        await waiter
+        try:
+            await waiter
+        finally:
+            if not waiter.done() or waiter.cancelled():  # given up: take this waiter away
+                waiters = self._idle_waiters
+                if waiter in waiters:
+                    waiters.remove(waiter)
+                self.waiting_idle = bool(waiters)
 
     def statistics(self) -> GateStatistics:
         """A frozen copy of the in-flight counts and the refusal and notice totals."""
