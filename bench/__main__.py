@@ -42,7 +42,7 @@ DEFAULT_OUTPUT: Final = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="smoke run, under 2 minutes")
+    parser.add_argument("--quick", action="store_true", help="smoke run, about 3 minutes")
     parser.add_argument("--only", help=f"comma-separated subset of {','.join(MODULES)}")
     parser.add_argument("--output", type=Path, help="where to write the report")
     parser.add_argument("--postgres-dsn", help="PostgreSQL for the job rows")
