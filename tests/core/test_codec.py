@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 
 import orjson
 import pytest
@@ -12,6 +11,7 @@ from pydantic import BaseModel
 from forgezero_lifecycle._canonical import canonical_json, digest_of
 from forgezero_lifecycle.core._codec import StateCodec
 from forgezero_lifecycle.wire.handoff import StateHandoffRequest
+from tests.core._collector import in_oldest_generation
 
 SRC = "0123456789abcdef0123456789abcdef01234567"
 TGT = "fedcba9876543210fedcba9876543210fedcba98"
@@ -57,21 +57,6 @@ def request() -> StateHandoffRequest:
             "source": {"url": "http://127.0.0.1:1/x", "authorization": "Bearer " + "B" * 43},
         }
     )
-
-
-def in_oldest_generation(value: object) -> bool:
-    return any(item is value for item in gc.get_objects(generation=2))
-
-
-@pytest.fixture
-def collector_enabled() -> Iterator[None]:
-    enabled = gc.isenabled()
-    gc.enable()
-    try:
-        yield
-    finally:
-        if not enabled:
-            gc.disable()
 
 
 @pytest.mark.usefixtures("collector_enabled")
