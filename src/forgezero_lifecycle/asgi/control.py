@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, final
 
 import orjson
+from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
@@ -222,8 +223,9 @@ class ControlApp:
             query.get("sourceRevision"), query.get("targetRevision")
         )
         # Canonical JSON, the bytes the digest covers: byte-stable, and able to carry what JSON
-        # allows (lone surrogates in keys included), which pydantic's JSON mode cannot.
-        return _json_bytes(document, 200)
+        # allows (lone surrogates in keys included), which pydantic's JSON mode cannot. What
+        # sealing it left behind is freed once the last byte is sent, not on the way to it.
+        return _json_bytes(document, 200, background=BackgroundTask(handoff.release_export))
 
     async def _state_begin(self, request: Request) -> Response:
         body = await _json_body(request, _state_body_not_json)
@@ -333,10 +335,11 @@ def _json(content: object, status: int) -> Response:
     return _json_bytes(orjson.dumps(content), status)
 
 
-def _json_bytes(body: bytes, status: int) -> Response:
+def _json_bytes(body: bytes, status: int, background: BackgroundTask | None = None) -> Response:
     return Response(
         body,
         status_code=status,
         media_type="application/json",
         headers={"Cache-Control": "no-store"},
+        background=background,
     )

@@ -46,7 +46,7 @@ from ..wire.handoff import (
 from ._document import read_document
 from ._state_value import accepts, adapter_int, dumped, load, refuse_secret_fields
 
-__all__ = ["StateCodec"]
+__all__ = ["Leftovers", "StateCodec"]
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -72,7 +72,8 @@ def gc_paused(step: Callable[P, R]) -> Callable[P, R]:
 
 
 def gc_paused_keeping(step: Callable[P, R]) -> Callable[P, R]:
-    """:func:`gc_paused`, for a step whose result (a large typed value) outlives it.
+    """:func:`gc_paused`, for a step whose result (a large typed value) outlives it, or that
+    leaves large temporaries to be freed later (:class:`Leftovers`).
 
     Re-enabled, the collector would scan every container the step made, at the next young
     collection (for a 1 MiB state, ten milliseconds or so, on the way to the acknowledgement),
@@ -96,12 +97,51 @@ def _collector_paused(step: Callable[P, R], *, promote: bool) -> Callable[P, R]:
             return step(*args, **kwargs)
         finally:
             if enabled:
-                if promote and _PROMOTES and gc.get_freeze_count() == 0:
+                if promote and _promoted_on_exit():
                     gc.freeze()
                     gc.unfreeze()
                 gc.enable()
 
     return paused
+
+
+def _promoted_on_exit() -> bool:
+    """Whether :func:`gc_paused_keeping`, ending now, can hand what outlives its step to the
+    oldest generation, where the collector does not scan it again soon."""
+    return _PROMOTES and gc.get_freeze_count() == 0
+
+
+@final
+class Leftovers:
+    """A step's large temporaries, kept for the caller to free once its answer is out.
+
+    Freeing what sealing or opening a 1 MiB state leaves behind (the dumped value, the typed
+    value of the import check, the parsed envelope: hundreds of thousands of objects) takes
+    milliseconds. A step given a holder leaves them in it, unscanned in the collector's oldest
+    generation with the step's result (:func:`gc_paused_keeping`), and the caller calls
+    :meth:`drop` off the way to its answer: after the export's last byte, after the
+    acknowledgement. Where they could not go there unscanned (the app froze objects itself, a
+    free-threaded build), the step frees them itself, as without a holder.
+
+    One-shot: it holds one step's objects at most, and :meth:`hold` lets go of what it held.
+    """
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: tuple[object, ...] = ()
+
+    def __len__(self) -> int:
+        """How many objects it holds (0 once dropped)."""
+        return len(self._held)
+
+    def hold(self, *objects: object) -> None:
+        """Keep ``objects`` (instead of what it held) until :meth:`drop`."""
+        self._held = objects
+
+    def drop(self) -> None:
+        """Let go of what it holds; what nothing else refers to is freed now."""
+        self._held = ()
 
 
 @final
@@ -143,20 +183,33 @@ class StateCodec(Generic[T]):
         signed, document = self._seal(cursor, value, source, target)
         return StateEnvelope.model_validate(signed), document
 
-    @gc_paused
+    @gc_paused_keeping
     def seal_document(
-        self, cursor: object, value: object, source: str, target: str
+        self,
+        cursor: object,
+        value: object,
+        source: str,
+        target: str,
+        *,
+        leftovers: Leftovers | None = None,
     ) -> tuple[str, bytes]:
         """The digest and canonical JSON document of :meth:`seal`, without the envelope model.
 
-        The dumped value dies before the collector runs again, so it is never scanned: what
-        the export endpoint needs.
+        The collector never scans the dumped value: what the export endpoint needs. Without
+        ``leftovers`` it dies inside the step, with the import check's typed value; with them,
+        both are left there, in the oldest generation, for the caller to free once the
+        document is sent (:class:`Leftovers`) instead of before.
         """
-        signed, document = self._seal(cursor, value, source, target)
+        signed, document = self._seal(cursor, value, source, target, leftovers)
         return cast("str", signed["digest"]), document
 
     def _seal(
-        self, cursor: object, value: object, source: str, target: str
+        self,
+        cursor: object,
+        value: object,
+        source: str,
+        target: str,
+        leftovers: Leftovers | None = None,
     ) -> tuple[dict[str, object], bytes]:
         """The signed envelope as JSON data, and its canonical JSON document."""
         if not isinstance(cursor, str) or CURSOR_PATTERN.fullmatch(cursor) is None:
@@ -166,7 +219,10 @@ class StateCodec(Generic[T]):
         data = self._dumped(value)
         unsigned = self._unsigned(cursor, data, source, target, self.schema_version)
         encoded = self._canonical(unsigned, data, _export_invalid("the value fails its model"))
-        self._check_imports(_value_bytes(unsigned, encoded))
+        checked = self._check_imports(_value_bytes(unsigned, encoded))
+        if leftovers is not None and _promoted_on_exit():
+            leftovers.hold(data, checked)
+        del checked
         if len(encoded) > self.maximum_bytes:
             raise StateExportError(
                 "RUNTIME_STATE_EXPORT_TOO_LARGE",
@@ -179,8 +235,11 @@ class StateCodec(Generic[T]):
         document = canonical_json(head)[:-1] + b',"value":' + _value_bytes(unsigned, encoded) + b"}"
         return signed, document
 
-    def _check_imports(self, value_bytes: bytes) -> None:
+    def _check_imports(self, value_bytes: bytes) -> T | None:
         """Refuse a value whose canonical JSON the model would not import (strict JSON mode).
+
+        Returns the typed value the check built (None when it was not made), for the caller to
+        free.
 
         The check builds, then drops, a second typed value: about as costly as the import
         itself. Its verdict depends only on the model and the bytes, so bytes that passed once
@@ -192,13 +251,14 @@ class StateCodec(Generic[T]):
         """
         fingerprint = hashlib.sha256(value_bytes).digest()
         if fingerprint in self._imports_checked:
-            return
+            return None
         try:
-            load(self.model, value_bytes)
+            checked = load(self.model, value_bytes)
         except ValueError:
             raise _export_invalid("the value's JSON does not validate as its model") from None
         self._imports_checked.clear()
         self._imports_checked.add(fingerprint)
+        return checked
 
     @gc_paused
     def open(
@@ -208,14 +268,19 @@ class StateCodec(Generic[T]):
         return self._open(request, envelope, parsed_by_orjson=False)
 
     @gc_paused_keeping
-    def open_body(self, request: StateHandoffRequest, body: bytes) -> tuple[T, StateImportContext]:
+    def open_body(
+        self, request: StateHandoffRequest, body: bytes, *, leftovers: Leftovers | None = None
+    ) -> tuple[T, StateImportContext]:
         """:meth:`open` of a fetched body, read strictly as JSON (:mod:`._document`) first.
 
         Reading and opening are one collector-paused step, and the parsed envelope dies inside
         it; the typed value, which outlives the step, goes to the collector's oldest generation
-        unscanned (:func:`gc_paused_keeping`).
+        unscanned (:func:`gc_paused_keeping`). ``leftovers``: the parsed envelope is left there,
+        unscanned too, for the caller to free after the import (:class:`Leftovers`).
         """
         envelope, by_orjson = read_document(body)
+        if leftovers is not None and _promoted_on_exit():
+            leftovers.hold(envelope)
         return self._open(request, envelope, parsed_by_orjson=by_orjson)
 
     def _open(

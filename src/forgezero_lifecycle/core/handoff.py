@@ -42,7 +42,7 @@ from ..wire.handoff import (
     StateHandoffStatus,
     StateImportContext,
 )
-from ._codec import StateCodec
+from ._codec import Leftovers, StateCodec
 from ._loopback import loopback_source
 from ._state_value import failure_text
 
@@ -150,6 +150,10 @@ class StateHandoffController(Generic[T]):
         self._status: StateHandoffStatus | None = None
         self._task: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()
+        #: What the last export_document left to free after its response (release_export).
+        self._export_leftovers = Leftovers()
+        #: What opening the fetched envelope left to free after the acknowledgement.
+        self._import_leftovers = Leftovers()
         # Plain ints, touched once per export or handoff, read at scrape time (statistics()).
         self._counts = {"exported": 0, "exported_bytes": 0, "acknowledged": 0, "failed": 0}
 
@@ -173,12 +177,25 @@ class StateHandoffController(Generic[T]):
         return envelope
 
     async def export_document(self, source_revision: object, target_revision: object) -> bytes:
-        """The same envelope as canonical JSON bytes, as the export endpoint serves it."""
+        """The same envelope as canonical JSON bytes, as the export endpoint serves it.
+
+        The sealing step's large temporaries (the dumped value, the import check's typed value)
+        are kept, unscanned by the collector, until :meth:`release_export`: call it once the
+        document is sent, so that freeing them is not on the way to the response. The next
+        export, and :meth:`aclose`, let go of them too.
+        """
+        self._export_leftovers.drop()
         cursor, value, source, target = await self._exported(source_revision, target_revision)
-        # No envelope model: the dumped value dies inside the sealing step.
-        digest, document = self._codec.seal_document(cursor, value, source, target)
+        # No envelope model: nothing the sealing step made but the document outlives the export.
+        digest, document = self._codec.seal_document(
+            cursor, value, source, target, leftovers=self._export_leftovers
+        )
         self._exported_as(target, digest, len(document))
         return document
+
+    def release_export(self) -> None:
+        """Free what the last :meth:`export_document` kept for after its response."""
+        self._export_leftovers.drop()
 
     async def _exported(
         self, source_revision: object, target_revision: object
@@ -266,6 +283,7 @@ class StateHandoffController(Generic[T]):
 
     async def aclose(self) -> None:
         """Cancel a fetch or import still running (it ends failed); idempotent."""
+        self._export_leftovers.drop()
         if self._task is not None and not self._task.done():
             self._task.cancel()
             await asyncio.wait({self._task})
@@ -293,11 +311,18 @@ class StateHandoffController(Generic[T]):
 
     async def _run(self, request: StateHandoffRequest, url: str, seconds: float) -> None:
         try:
+            await self._hand_over(request, url, seconds)
+        finally:
+            # The parsed envelope is freed once whoever waits on the outcome has been woken.
+            asyncio.get_running_loop().call_soon(self._import_leftovers.drop)
+
+    async def _hand_over(self, request: StateHandoffRequest, url: str, seconds: float) -> None:
+        try:
             limit = self._codec.maximum_bytes + SOURCE_SLACK_BYTES
             auth = request.source.authorization
             body = await self._within(self._fetched(url, auth, limit), seconds)
             emit(logger, logging.INFO, "handoff.fetched", nonce_prefix=nonce_prefix(request.nonce))
-            value, context = self._codec.open_body(request, body)
+            value, context = self._codec.open_body(request, body, leftovers=self._import_leftovers)
             try:
                 await self._adapter.import_state(value, context)
             except LifecycleError:

@@ -1,0 +1,285 @@
+"""What sealing and opening a state leave behind is freed after the answer, and nothing stays.
+
+The export's dumped value and the import check's typed value are freed once the export's last
+byte is sent; the new generation's parsed envelope once the acknowledgement is out. The held
+objects sit in the collector's oldest generation meanwhile, so no young collection scans them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import gc
+import weakref
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+import httpx
+import pytest
+from pydantic import BaseModel, model_validator
+
+from forgezero_lifecycle.asgi._types import Message
+from forgezero_lifecycle.core._codec import Leftovers, StateCodec
+from forgezero_lifecycle.core.handoff import StateHandoffController
+from forgezero_lifecycle.runtime import Runtime
+from forgezero_lifecycle.wire import paths
+from forgezero_lifecycle.wire.handoff import StateHandoffRequest, StateImportContext
+from tests.core._collector import in_oldest_generation
+
+pytestmark = pytest.mark.anyio
+
+SRC = "0123456789abcdef0123456789abcdef01234567"
+TGT = "fedcba9876543210fedcba9876543210fedcba98"
+NONCE = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8"
+AUTHORIZATION = "Bearer dG9rZW4tZm9yLWZvcmdlemVyby1vcmFjbGUtdGVzdHM"
+CONTROL_TOKEN = "leftovers-control-token-0123456789"
+HANDOFF_TOKEN = "leftovers-handoff-token-0123456789abcdefghi"
+#: The cursor of every export here: how a parsed envelope is recognised among live objects.
+CURSOR = "leftovers-cursor-1"
+
+
+class Table(BaseModel):
+    """A value that records a weak reference to every instance validation builds."""
+
+    rows: list[str]
+    built: ClassVar[list[weakref.ref[Table]]] = []
+
+    @model_validator(mode="after")
+    def _recorded(self) -> Table:
+        Table.built.append(weakref.ref(self))
+        return self
+
+
+@dataclasses.dataclass
+class Adapter:
+    value: Table | None = None
+    protocol: str = "demo.table"
+    schema_version: int = 1
+    maximum_bytes: int = 1_048_576
+    model: type[Table] = Table
+    imported: list[Table] = dataclasses.field(default_factory=list)
+
+    async def export_state(self) -> tuple[str, Table]:
+        assert self.value is not None
+        return CURSOR, self.value
+
+    async def import_state(self, value: Table, context: StateImportContext) -> None:
+        self.imported.append(value)
+
+
+def table(note: str = "") -> Table:
+    value = Table(rows=[f"row-{i}{note}" for i in range(500)])
+    Table.built.clear()  # from here on, only what the codec validates is recorded
+    return value
+
+
+def checked() -> list[Table]:
+    """The typed values the import check built that are still alive."""
+    return [value for ref in Table.built if (value := ref()) is not None]
+
+
+def parsed_envelopes() -> int:
+    """How many parsed envelopes (dicts with this module's cursor and a value) are alive."""
+    return sum(
+        1
+        for item in gc.get_objects()
+        if type(item) is dict and item.get("cursor") == CURSOR and "value" in item
+    )
+
+
+# -- the codec -----------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("collector_enabled")
+def test_sealing_leaves_the_check_value_to_the_holder_unscanned() -> None:
+    """Given a holder, sealing leaves the check's typed value (and the dumped value) in it, in
+    the oldest generation, until it is dropped; dropping frees it."""
+    codec = StateCodec.of(Adapter())
+    leftovers = Leftovers()
+    codec.seal_document(CURSOR, table(), SRC, TGT, leftovers=leftovers)
+    [value] = checked()
+    assert len(leftovers) == 2
+    assert in_oldest_generation(value)
+    del value
+    leftovers.drop()
+    assert len(leftovers) == 0
+    assert checked() == []
+
+
+def test_without_a_holder_the_check_value_dies_in_the_step() -> None:
+    """No holder: the check's typed value is freed before sealing returns."""
+    StateCodec.of(Adapter()).seal_document(CURSOR, table(), SRC, TGT)
+    assert len(Table.built) == 1
+    assert checked() == []
+
+
+@pytest.mark.usefixtures("collector_enabled")
+def test_an_app_that_froze_objects_frees_the_leftovers_in_the_step() -> None:
+    """Where the held objects could not skip the young collections (the app froze objects
+    itself), sealing and opening free them inline and the holder stays empty."""
+    codec = StateCodec.of(Adapter())
+    sealing, opening = Leftovers(), Leftovers()
+    gc.freeze()
+    try:
+        _, document = codec.seal_document(CURSOR, table(), SRC, TGT, leftovers=sealing)
+        assert checked() == []
+        request = StateHandoffRequest.model_validate(import_request(1))
+        codec.open_body(request, document, leftovers=opening)
+    finally:
+        gc.unfreeze()
+    assert (len(sealing), len(opening)) == (0, 0)
+
+
+def test_holding_again_lets_go_of_what_was_held() -> None:
+    """The holder is one-shot: a second step's leftovers replace the first's, which are freed."""
+    codec = StateCodec.of(Adapter())
+    leftovers = Leftovers()
+    codec.seal_document(CURSOR, table("a"), SRC, TGT, leftovers=leftovers)
+    codec.seal_document(CURSOR, table("b"), SRC, TGT, leftovers=leftovers)
+    assert len(checked()) == 1
+    assert len(leftovers) == 2
+
+
+# -- the old generation: after the export's last byte ----------------------------------------------
+
+
+async def test_export_document_keeps_the_leftovers_until_release_export() -> None:
+    """export_document returns with the check's typed value still held; release_export frees
+    it, and so do the next export and aclose."""
+    adapter = Adapter(value=table())
+    controller = StateHandoffController(adapter)
+    await controller.export_document(SRC, TGT)
+    assert len(checked()) == 1
+    controller.release_export()
+    assert checked() == []
+
+    adapter.value = table("next")
+    await controller.export_document(SRC, TGT)
+    first = checked()
+    adapter.value = table("again")
+    await controller.export_document(SRC, TGT)
+    assert [ref() for ref in Table.built] == checked()  # only the last export's check is alive
+    assert first[0] is not checked()[0]
+    del first
+    await controller.aclose()
+    assert checked() == []
+
+
+async def test_the_export_endpoint_frees_the_leftovers_after_the_last_byte() -> None:
+    """Through the control plane: the check's typed value is alive while the body is sent,
+    and freed once the response is complete."""
+    runtime = Runtime(
+        control_token=CONTROL_TOKEN, handoff_token=HANDOFF_TOKEN, state_adapter=Adapter(table())
+    )
+    transport = httpx.ASGITransport(app=runtime.control)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        begin = {
+            "protocol": "forgezero-drain/v1",
+            "nonce": "N" * 43,
+            "sourceRevision": SRC,
+            "targetRevision": TGT,
+            "timeoutMs": 5000,
+        }
+        drain = await http.post(
+            paths.RUNTIME_DRAIN_BEGIN_PATH,
+            json=begin,
+            headers={"authorization": f"Bearer {CONTROL_TOKEN}"},
+        )
+        assert drain.status_code == 202
+    alive_at: dict[str, int] = {}
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        alive_at[message["type"]] = len(checked())
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": paths.RUNTIME_STATE_EXPORT_PATH,
+        "raw_path": paths.RUNTIME_STATE_EXPORT_PATH.encode(),
+        "query_string": f"sourceRevision={SRC}&targetRevision={TGT}".encode(),
+        "root_path": "",
+        "headers": [(b"authorization", f"Bearer {HANDOFF_TOKEN}".encode())],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+    await runtime.control(scope, receive, send)
+    assert alive_at == {"http.response.start": 1, "http.response.body": 1}
+    assert checked() == []
+    await runtime.aclose()
+
+
+# -- the new generation: after the acknowledgement -----------------------------------------------
+
+
+def import_request(port: int) -> dict[str, Any]:
+    return {
+        "protocol": "demo.table",
+        "nonce": NONCE,
+        "schemaVersion": 1,
+        "sourceRevision": SRC,
+        "targetRevision": TGT,
+        "source": {"url": f"http://127.0.0.1:{port}/export", "authorization": AUTHORIZATION},
+    }
+
+
+@contextlib.asynccontextmanager
+async def serving(document: bytes) -> AsyncIterator[int]:
+    """A loopback HTTP source answering every request with ``document``."""
+    head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(document)}\r\nConnection: close\r\n\r\n"
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(head.encode() + document)
+        await writer.drain()
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_the_parsed_envelope_is_freed_after_the_acknowledgement() -> None:
+    """Whoever waits on the handoff is woken with the parsed envelope still alive; it is freed
+    on the loop's next turn, and nothing of it stays with the controller."""
+    exporter = StateHandoffController(Adapter(value=table()))
+    document = await exporter.export_document(SRC, TGT)
+    await exporter.aclose()
+    adapter = Adapter()
+    importer = StateHandoffController(adapter)
+    async with serving(document) as port:
+        importer.begin(import_request(port), 10_000)
+        status = await importer.wait(NONCE)
+        assert status.status == "acknowledged"
+        assert parsed_envelopes() == 1
+        await asyncio.sleep(0)
+        assert parsed_envelopes() == 0
+    assert adapter.imported[0].rows[-1] == "row-499"
+    await importer.aclose()
+
+
+async def test_a_failed_handoff_frees_the_parsed_envelope_too() -> None:
+    """A handoff that fails after the envelope was read (a digest mismatch) keeps none of it."""
+    exporter = StateHandoffController(Adapter(value=table()))
+    document = await exporter.export_document(SRC, TGT)
+    await exporter.aclose()
+    tampered = document.replace(b'"row-499"', b'"row-498"')
+    importer = StateHandoffController(Adapter())
+    async with serving(tampered) as port:
+        importer.begin(import_request(port), 10_000)
+        status = await importer.wait(NONCE)
+        assert status.failure == "RUNTIME_STATE_DIGEST_MISMATCH"
+        await asyncio.sleep(0)
+        assert parsed_envelopes() == 0
+    await importer.aclose()
