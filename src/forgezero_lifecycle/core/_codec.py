@@ -219,7 +219,8 @@ class StateCodec(Generic[T]):
         data = self._dumped(value)
         unsigned = self._unsigned(cursor, data, source, target, self.schema_version)
         encoded = self._canonical(unsigned, data, _export_invalid("the value fails its model"))
-        checked = self._check_imports(_value_bytes(unsigned, encoded))
+        value_bytes = _value_bytes(unsigned, encoded)
+        checked = self._check_imports(value_bytes)
         if leftovers is not None and _promoted_on_exit():
             leftovers.hold(data, checked)
         del checked
@@ -232,7 +233,7 @@ class StateCodec(Generic[T]):
         # The served document is canonical JSON too; "value" sorts last there as well, so the
         # value's bytes are reused instead of encoding a megabyte again.
         head = {key: item for key, item in signed.items() if key != "value"}
-        document = canonical_json(head)[:-1] + b',"value":' + _value_bytes(unsigned, encoded) + b"}"
+        document = canonical_json(head)[:-1] + b',"value":' + value_bytes + b"}"
         return signed, document
 
     def _check_imports(self, value_bytes: bytes) -> T | None:
