@@ -1,8 +1,9 @@
-"""What sealing and opening a state leave behind is freed after the answer, and nothing stays.
+"""What sealing and opening a state leave behind is freed off the way to the answer, and nothing
+stays.
 
 The export's dumped value and the import check's typed value are freed once the export's last
-byte is sent; the new generation's parsed envelope once the acknowledgement is out. The held
-objects sit in the collector's oldest generation meanwhile, so no young collection scans them.
+byte is sent, and sit in the collector's oldest generation meanwhile, so no young collection
+scans them. The new generation's parsed envelope is freed before its value is validated.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import json
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
@@ -44,10 +46,13 @@ class Table(BaseModel):
 
     rows: list[str]
     built: ClassVar[list[weakref.ref[Table]]] = []
+    #: How many parsed envelopes were alive at each validation.
+    envelopes_seen: ClassVar[list[int]] = []
 
     @model_validator(mode="after")
     def _recorded(self) -> Table:
         Table.built.append(weakref.ref(self))
+        Table.envelopes_seen.append(parsed_envelopes())
         return self
 
 
@@ -117,18 +122,16 @@ def test_without_a_holder_the_check_value_dies_in_the_step() -> None:
 @pytest.mark.usefixtures("collector_enabled")
 def test_an_app_that_froze_objects_frees_the_leftovers_in_the_step() -> None:
     """Where the held objects could not skip the young collections (the app froze objects
-    itself), sealing and opening free them inline and the holder stays empty."""
+    itself), sealing frees them inline and the holder stays empty."""
     codec = StateCodec.of(Adapter())
-    sealing, opening = Leftovers(), Leftovers()
+    leftovers = Leftovers()
     gc.freeze()
     try:
-        _, document = codec.seal_document(CURSOR, table(), SRC, TGT, leftovers=sealing)
-        assert checked() == []
-        request = StateHandoffRequest.model_validate(import_request(1))
-        codec.open_body(request, document, leftovers=opening)
+        codec.seal_document(CURSOR, table(), SRC, TGT, leftovers=leftovers)
     finally:
         gc.unfreeze()
-    assert (len(sealing), len(opening)) == (0, 0)
+    assert checked() == []
+    assert len(leftovers) == 0
 
 
 def test_holding_again_lets_go_of_what_was_held() -> None:
@@ -215,7 +218,7 @@ async def test_the_export_endpoint_frees_the_leftovers_after_the_last_byte() -> 
     await runtime.aclose()
 
 
-# -- the new generation: after the acknowledgement -----------------------------------------------
+# -- the new generation: before the validation ------------------------------------------------
 
 
 def import_request(port: int) -> dict[str, Any]:
@@ -250,21 +253,43 @@ async def serving(document: bytes) -> AsyncIterator[int]:
         await server.wait_closed()
 
 
-async def test_the_parsed_envelope_is_freed_after_the_acknowledgement() -> None:
-    """Whoever waits on the handoff is woken with the parsed envelope still alive; it is freed
-    on the loop's next turn, and nothing of it stays with the controller."""
+def test_open_body_frees_the_parsed_envelope_before_validating_the_value() -> None:
+    """Once its canonical JSON is made, the parsed envelope is freed: the typed value is built
+    in the memory it leaves, and none of it outlives the step."""
+    _, document = StateCodec.of(Adapter()).seal_document(CURSOR, table(), SRC, TGT)
+    Table.envelopes_seen.clear()
+    request = StateHandoffRequest.model_validate(import_request(1))
+    value, _ = StateCodec.of(Adapter()).open_body(request, document)
+    assert Table.envelopes_seen == [0]
+    assert parsed_envelopes() == 0
+    assert value.rows[-1] == "row-499"
+
+
+def test_open_leaves_the_callers_envelope_as_it_was() -> None:
+    """open() of an envelope the caller parsed validates it without emptying it."""
+    _, document = StateCodec.of(Adapter()).seal_document(CURSOR, table(), SRC, TGT)
+    envelope = json.loads(document)
+    request = StateHandoffRequest.model_validate(import_request(1))
+    value, _ = StateCodec.of(Adapter()).open(request, envelope)
+    assert envelope == json.loads(document)
+    assert value.rows == envelope["value"]["rows"]
+
+
+async def test_an_acknowledged_handoff_keeps_no_parsed_envelope() -> None:
+    """Over a real socket: the value is validated with no parsed envelope alive, and the
+    acknowledged handoff keeps none."""
     exporter = StateHandoffController(Adapter(value=table()))
     document = await exporter.export_document(SRC, TGT)
     await exporter.aclose()
     adapter = Adapter()
     importer = StateHandoffController(adapter)
+    Table.envelopes_seen.clear()
     async with serving(document) as port:
         importer.begin(import_request(port), 10_000)
         status = await importer.wait(NONCE)
-        assert status.status == "acknowledged"
-        assert parsed_envelopes() == 1
-        await asyncio.sleep(0)
-        assert parsed_envelopes() == 0
+    assert status.status == "acknowledged"
+    assert Table.envelopes_seen == [0]
+    assert parsed_envelopes() == 0
     assert adapter.imported[0].rows[-1] == "row-499"
     await importer.aclose()
 
@@ -279,7 +304,6 @@ async def test_a_failed_handoff_frees_the_parsed_envelope_too() -> None:
     async with serving(tampered) as port:
         importer.begin(import_request(port), 10_000)
         status = await importer.wait(NONCE)
-        assert status.failure == "RUNTIME_STATE_DIGEST_MISMATCH"
-        await asyncio.sleep(0)
-        assert parsed_envelopes() == 0
+    assert status.failure == "RUNTIME_STATE_DIGEST_MISMATCH"
+    assert parsed_envelopes() == 0
     await importer.aclose()

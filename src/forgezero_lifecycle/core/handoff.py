@@ -152,8 +152,6 @@ class StateHandoffController(Generic[T]):
         self._settled = asyncio.Event()
         #: What the last export_document left to free after its response (release_export).
         self._export_leftovers = Leftovers()
-        #: What opening the fetched envelope left to free after the acknowledgement.
-        self._import_leftovers = Leftovers()
         # Plain ints, touched once per export or handoff, read at scrape time (statistics()).
         self._counts = {"exported": 0, "exported_bytes": 0, "acknowledged": 0, "failed": 0}
 
@@ -311,18 +309,11 @@ class StateHandoffController(Generic[T]):
 
     async def _run(self, request: StateHandoffRequest, url: str, seconds: float) -> None:
         try:
-            await self._hand_over(request, url, seconds)
-        finally:
-            # The parsed envelope is freed once whoever waits on the outcome has been woken.
-            asyncio.get_running_loop().call_soon(self._import_leftovers.drop)
-
-    async def _hand_over(self, request: StateHandoffRequest, url: str, seconds: float) -> None:
-        try:
             limit = self._codec.maximum_bytes + SOURCE_SLACK_BYTES
             auth = request.source.authorization
             body = await self._within(self._fetched(url, auth, limit), seconds)
             emit(logger, logging.INFO, "handoff.fetched", nonce_prefix=nonce_prefix(request.nonce))
-            value, context = self._codec.open_body(request, body, leftovers=self._import_leftovers)
+            value, context = self._codec.open_body(request, body)
             try:
                 await self._adapter.import_state(value, context)
             except LifecycleError:
