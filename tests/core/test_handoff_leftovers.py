@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import gc
 import json
+import threading
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
@@ -171,7 +172,7 @@ async def test_export_document_keeps_the_leftovers_until_release_export() -> Non
 
 async def test_the_export_endpoint_frees_the_leftovers_after_the_last_byte() -> None:
     """Through the control plane: the check's typed value is alive while the body is sent,
-    and freed once the response is complete."""
+    and freed once the response is complete, on the event loop (not in a worker thread)."""
     runtime = Runtime(
         control_token=CONTROL_TOKEN, handoff_token=HANDOFF_TOKEN, state_adapter=Adapter(table())
     )
@@ -191,12 +192,18 @@ async def test_the_export_endpoint_frees_the_leftovers_after_the_last_byte() -> 
         )
         assert drain.status_code == 202
     alive_at: dict[str, int] = {}
+    freed_in: list[int] = []
+    watch: list[weakref.ref[Table]] = []
 
     async def receive() -> Message:
         return {"type": "http.request", "body": b"", "more_body": False}
 
     async def send(message: Message) -> None:
-        alive_at[message["type"]] = len(checked())
+        alive = checked()
+        alive_at[message["type"]] = len(alive)
+        watch.extend(
+            weakref.ref(value, lambda _: freed_in.append(threading.get_ident())) for value in alive
+        )
 
     scope = {
         "type": "http",
@@ -215,6 +222,7 @@ async def test_the_export_endpoint_frees_the_leftovers_after_the_last_byte() -> 
     await runtime.control(scope, receive, send)
     assert alive_at == {"http.response.start": 1, "http.response.body": 1}
     assert checked() == []
+    assert set(freed_in) == {threading.get_ident()}  # on the event loop's thread
     await runtime.aclose()
 
 

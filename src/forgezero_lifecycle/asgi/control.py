@@ -225,7 +225,7 @@ class ControlApp:
         # Canonical JSON, the bytes the digest covers: byte-stable, and able to carry what JSON
         # allows (lone surrogates in keys included), which pydantic's JSON mode cannot. What
         # sealing it left behind is freed once the last byte is sent, not on the way to it.
-        return _json_bytes(document, 200, background=BackgroundTask(handoff.release_export))
+        return _json_bytes(document, 200, background=BackgroundTask(_released, handoff))
 
     async def _state_begin(self, request: Request) -> Response:
         body = await _json_body(request, _state_body_not_json)
@@ -329,6 +329,11 @@ def _error(error: LifecycleError) -> Response:
     if isinstance(error, MethodNotAllowedError):
         response.headers["Allow"] = error.allow
     return response
+
+
+async def _released(handoff: StateHandoffController[Any]) -> None:
+    """``handoff.release_export()`` on the event loop (starlette runs a sync task in a thread)."""
+    handoff.release_export()
 
 
 def _json(content: object, status: int) -> Response:
