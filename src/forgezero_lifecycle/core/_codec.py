@@ -319,7 +319,7 @@ class StateCodec(Generic[T]):
         if owned:
             del value
             unsigned.clear()
-            envelope.clear()  # the parsed value is freed here; the bytes say the rest
+            envelope.clear()  # the parsed value is freed here: validation reads the bytes
         try:
             typed = load(self.model, value_bytes)
         except ValueError:
