@@ -506,9 +506,7 @@ class _HttpResponder:
 
     def give_up(self, task: asyncio.Task[Any]) -> None:
         """At the cutoff: ``task`` is blocked in :attr:`sending`, since before the drain; cancel it."""
-        if not self.abandoned:
-            self.abandoned = True
-            logger.warning("drain.connection_abandoned kind=http")
+        self._abandon()
         self.cancelled = task
         task.cancel("the client did not read before the drain's deadline")
 
@@ -531,9 +529,14 @@ class _HttpResponder:
         if not self.abandoned:
             if await _send_within(self._send, message, self._gate.cutoff):
                 return
+            self._abandon()
+        raise abandoned()
+
+    def _abandon(self) -> None:
+        """Give up on this connection (once): later sends raise, the count is released."""
+        if not self.abandoned:
             self.abandoned = True
             logger.warning("drain.connection_abandoned kind=http")
-        raise abandoned()
 
 
 async def _awaiting(sending: Awaitable[None]) -> None:
