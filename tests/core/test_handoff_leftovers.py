@@ -22,6 +22,7 @@ import httpx
 import pytest
 from pydantic import BaseModel, model_validator
 
+from forgezero_lifecycle._errors import StateExportError
 from forgezero_lifecycle.asgi._types import Message
 from forgezero_lifecycle.core._codec import Leftovers, StateCodec
 from forgezero_lifecycle.core.handoff import StateHandoffController
@@ -118,6 +119,22 @@ def test_without_a_holder_the_check_value_dies_in_the_step() -> None:
     StateCodec.of(Adapter()).seal_document(CURSOR, table(), SRC, TGT)
     assert len(Table.built) == 1
     assert checked() == []
+
+
+@pytest.mark.usefixtures("collector_enabled")
+def test_an_export_refused_as_too_large_leaves_nothing_held() -> None:
+    """A seal that fails (the state is over its limit) keeps nothing for later: what it made
+    dies with the step, as without a holder."""
+    codec = StateCodec.of(Adapter(maximum_bytes=1_024))
+    leftovers = Leftovers()
+    with pytest.raises(StateExportError) as refused:
+        codec.seal_document(CURSOR, table(), SRC, TGT, leftovers=leftovers)
+    assert refused.value.code == "RUNTIME_STATE_EXPORT_TOO_LARGE"
+    assert len(leftovers) == 0
+    # The traceback keeps the failed step's frames (their dicts look like parsed envelopes to
+    # the later tests' census) in a cycle with this frame: break it now.
+    del refused
+    gc.collect()
 
 
 @pytest.mark.usefixtures("collector_enabled")

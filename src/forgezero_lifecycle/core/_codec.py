@@ -220,14 +220,14 @@ class StateCodec(Generic[T]):
         encoded = self._canonical(unsigned, data, _export_invalid("the value fails its model"))
         value_bytes = _value_bytes(unsigned, encoded)
         checked = self._check_imports(value_bytes)
-        if leftovers is not None and _promoted_on_exit():
-            leftovers.hold(data, checked)
-        del checked
         if len(encoded) > self.maximum_bytes:
             raise StateExportError(
                 "RUNTIME_STATE_EXPORT_TOO_LARGE",
                 f"{len(encoded)} bytes of canonical JSON, the limit is {self.maximum_bytes}",
             )
+        if leftovers is not None and _promoted_on_exit():
+            leftovers.hold(data, checked)  # freed after the answer; a refused seal holds nothing
+        del checked
         signed = {**unsigned, "digest": digest_of(encoded)}
         # The served document is canonical JSON too; "value" sorts last there as well, so the
         # value's bytes are reused instead of encoding a megabyte again.
