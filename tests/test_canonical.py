@@ -90,7 +90,7 @@ class Point:
 # -- types ------------------------------------------------------------------------------------
 
 
-def test_bool_encodes_as_true_false_never_as_one_zero() -> None:
+def test_bool_is_true_false() -> None:
     """Python's bool is an int subclass, but JSON has true and false."""
     assert canonical_json([True, 1, False, 0, 1.0]) == b"[true,1,false,0,1]"
     assert canonical_json({"on": True, "off": False}) == b'{"off":false,"on":true}'
@@ -126,7 +126,7 @@ def test_tuples_are_arrays() -> None:
     ],
     ids=lambda value: type(value).__name__,
 )
-def test_types_that_are_not_json_are_refused_even_nested(value: object) -> None:
+def test_non_json_types_refused(value: object) -> None:
     """Only the exact JSON types pass; enums, UUIDs, subclasses and the rest are refused."""
     for wrapped in (value, [1, value], {"a": {"b": [value]}}):
         assert type(value).__name__ in str(refusal(wrapped).detail)
@@ -135,7 +135,7 @@ def test_types_that_are_not_json_are_refused_even_nested(value: object) -> None:
 @pytest.mark.parametrize(
     "value", [{1: "a"}, {None: 1}, {("a",): 1}, {Mode.FAST: 1}, {Name("k"): 1}]
 )
-def test_keys_that_are_not_exact_str_are_refused(value: dict[Any, Any]) -> None:
+def test_non_str_keys_refused(value: dict[Any, Any]) -> None:
     """Object keys must be str (JavaScript would have turned them into text)."""
     assert "key" in str(refusal({"outer": [value]}).detail)
 
@@ -171,7 +171,7 @@ def test_keys_that_are_not_exact_str_are_refused(value: dict[Any, Any]) -> None:
         (123456789012345678901, "123456789012345680000"),
     ],
 )
-def test_numbers_print_as_ecmascript_number_to_string(number: float, text: str) -> None:
+def test_numbers_print_as_ecmascript(number: float, text: str) -> None:
     """Floats and ints beyond 2**53 print as JSON.stringify prints the double, wherever they are."""
     assert canonical_json(number) == text.encode()
     assert canonical_json([number, "x"]) == f'[{text},"x"]'.encode()
@@ -179,12 +179,12 @@ def test_numbers_print_as_ecmascript_number_to_string(number: float, text: str) 
 
 
 @pytest.mark.parametrize("number", [math.nan, math.inf, -math.inf, 10**400])
-def test_nan_infinity_and_ints_beyond_a_double_are_refused(number: float) -> None:
+def test_nan_inf_big_ints_refused(number: float) -> None:
     """JSON has no NaN or Infinity (JavaScript's canonicalJson throws on them)."""
     assert "$[1].*[0]" in str(refusal([0, {"k": [number]}]).detail)
 
 
-def test_error_details_never_show_object_keys() -> None:
+def test_errors_hide_object_keys() -> None:
     """Keys are state data (a session id, say), so the place is named without them."""
     detail = str(refusal({"session-4f2a9c": {"score": math.nan}}).detail)
     assert "session" not in detail
@@ -195,27 +195,27 @@ def test_error_details_never_show_object_keys() -> None:
 # -- strings and keys -------------------------------------------------------------------------
 
 
-def test_strings_are_escaped_as_json_stringify_escapes_them() -> None:
+def test_strings_escaped_like_js() -> None:
     """Short escapes, lowercase \\u00xx for other controls, everything else raw UTF-8."""
     text = '\x00\x08\x0c\n\r\t\x1f\x7f"\\/\u2028é😀'
     want = '"\\u0000\\b\\f\\n\\r\\t\\u001f\x7f\\"\\\\/\u2028é😀"'
     assert canonical_json(text) == want.encode()
 
 
-def test_lone_surrogates_are_escaped_and_split_pairs_joined() -> None:
+def test_lone_surrogates_escaped() -> None:
     """A str is read as UTF-16: a lone surrogate prints as \\udxxx, a split pair as its character."""
     assert canonical_json(["\ud800", "a\udc00b"]) == b'["\\ud800","a\\udc00b"]'
     assert canonical_json("\ud83d\ude00") == '"😀"'.encode()
     assert canonical_json({"\udc00": 1, "\ud800\udc00": 2}) == '{"𐀀":2,"\\udc00":1}'.encode()
 
 
-def test_keys_sort_by_utf16_code_units() -> None:
+def test_keys_sort_by_utf16() -> None:
     """U+1F600 (D83D DE00 in UTF-16) sorts before U+E000, unlike by code point."""
     value = {"\ue000": 1, "😀": 2, "a": 3, "\uffff": 4}
     assert canonical_json(value) == '{"a":3,"😀":2,"\ue000":1,"\uffff":4}'.encode()
 
 
-def test_keys_that_are_one_string_in_utf16_are_refused() -> None:
+def test_utf16_equal_keys_refused() -> None:
     """A split surrogate pair and the character it encodes would be one JavaScript key."""
     assert "UTF-16" in str(refusal({"😀": 1, "\ud83d\ude00": 2}).detail)
 
@@ -228,7 +228,7 @@ def test_keys_that_are_one_string_in_utf16_are_refused() -> None:
         ['\\":6.0,', '\\\\":7.0]', 8.0, "\\"],
     ],
 )
-def test_float_text_inside_strings_is_never_rewritten(value: object) -> None:
+def test_float_text_in_strings_kept(value: object) -> None:
     """Only number tokens are rewritten, never text in a string that looks like one."""
     assert fast(value) == exact(value) == canonical_json(value)
     assert json.loads(canonical_json(value)) == json.loads(json.dumps(value))
@@ -237,7 +237,7 @@ def test_float_text_inside_strings_is_never_rewritten(value: object) -> None:
 # -- structure --------------------------------------------------------------------------------
 
 
-def test_shared_values_are_not_cycles() -> None:
+def test_shared_values_not_cycles() -> None:
     """The same list twice is fine; only a value inside itself is a cycle."""
     shared = [1.0]
     assert canonical_json({"a": shared, "b": [shared, shared]}) == b'{"a":[1],"b":[[1],[1]]}'
@@ -253,7 +253,7 @@ def test_cycles_are_refused() -> None:
     assert "cycle" in str(refusal([mapping]).detail)
 
 
-def test_nesting_to_max_depth_encodes_and_one_more_level_is_refused() -> None:
+def test_max_depth_bound() -> None:
     """Deep values give a clear error at MAX_DEPTH, never a RecursionError."""
     assert canonical_json(nested_lists(MAX_DEPTH)) == b"[" * MAX_DEPTH + b"]" * MAX_DEPTH
     assert f"deeper than {MAX_DEPTH}" in str(refusal(nested_lists(MAX_DEPTH + 1)).detail)
@@ -264,7 +264,7 @@ def test_nesting_to_max_depth_encodes_and_one_more_level_is_refused() -> None:
     assert "deeper" in str(refusal(deep).detail)
 
 
-def test_a_caller_deep_in_its_own_stack_gets_no_recursion_error() -> None:
+def test_deep_caller_no_recursion() -> None:
     """The fast encoder recurses a little; near the stack limit the iterative one takes over."""
     value = {"deep": nested_lists(300)}
 
@@ -275,13 +275,13 @@ def test_a_caller_deep_in_its_own_stack_gets_no_recursion_error() -> None:
     assert call_at(spare) == exact(value)
 
 
-def test_values_deeper_than_orjson_goes_match_the_exact_encoder() -> None:
+def test_beyond_orjson_depth() -> None:
     """orjson stops at 255 levels; the fast encoder then encodes the top levels itself."""
     value = {"wide": list(range(50)), "deep": nested_lists(300), "f": [2.0]}
     assert fast(value) == exact(value)
 
 
-def test_a_lone_surrogate_or_big_int_deep_in_a_large_value_is_encoded_in_place() -> None:
+def test_deep_odd_values_in_place() -> None:
     """Only the subtree orjson refuses is taken apart; the result is the exact encoding."""
     records: list[dict[str, Any]] = [{"id": n, "name": f"r{n}", "score": n / 4} for n in range(500)]
     records[321]["name"] = "bad \udc80 text"
@@ -289,7 +289,7 @@ def test_a_lone_surrogate_or_big_int_deep_in_a_large_value_is_encoded_in_place()
     assert fast(records) == exact(records)
 
 
-def test_large_objects_taken_apart_in_groups_keep_utf16_key_order() -> None:
+def test_large_objects_key_order() -> None:
     """A refused object of many keys is encoded in groups; the keys stay in UTF-16 order."""
     value: dict[str, Any] = {f"k{n:03d}{chr(0xE000 + n)}": [n, 1.0] for n in range(200)}
     value.update({f"k{n:03d}😀": n for n in range(0, 200, 7)})
@@ -297,14 +297,14 @@ def test_large_objects_taken_apart_in_groups_keep_utf16_key_order() -> None:
     assert fast(value) == exact(value)
 
 
-def test_orders_that_differ_in_utf16_deep_in_a_large_value() -> None:
+def test_deep_utf16_order() -> None:
     """Astral and U+E000..U+FFFF text anywhere makes the fast encoder check key order."""
     records = [{"\ue001": n, "😀": "x", "n": "\ufb01"} for n in range(300)]
     assert fast(records) == exact(records)
     assert fast(records).startswith('[{"n":"\ufb01","😀":"x","\ue001":0}'.encode())
 
 
-def test_state_digest_is_sha256_of_the_canonical_bytes() -> None:
+def test_state_digest_is_sha256() -> None:
     """The digest is "sha256:" and 64 lowercase hex digits."""
     value = {"b": [1.5, None], "a": "é"}
     digest = state_digest(value)
@@ -315,12 +315,12 @@ def test_state_digest_is_sha256_of_the_canonical_bytes() -> None:
 # -- the two encoders -------------------------------------------------------------------------
 
 
-def test_orjson_prints_floats_as_the_fast_encoder_expects() -> None:
+def test_orjson_float_format() -> None:
     """If an orjson release changes its float format, the fast encoder switches itself off."""
     assert _fast._ORJSON_FLOATS_AS_EXPECTED
 
 
-def test_gc_referents_give_the_members_the_fast_encoder_walks() -> None:
+def test_gc_referents_members() -> None:
     """The fast encoder finds every member through gc.get_referents; it is on here (CPython)."""
     assert _fast._REFERENTS_AS_EXPECTED
 
@@ -344,7 +344,7 @@ def test_gc_referents_give_the_members_the_fast_encoder_walks() -> None:
     ],
     ids=repr,
 )
-def test_the_fast_encoder_itself_refuses_what_orjson_would_encode(value: object) -> None:
+def test_fast_encoder_refuses(value: object) -> None:
     """orjson encodes enums, UUIDs and fragments and prints NaN as null; the fast path says no."""
     records: list[Any] = [{"id": n, "score": n / 4, "tags": ["a", n]} for n in range(200)]
     records[123]["tags"].append({"deep": [value]})
@@ -352,14 +352,14 @@ def test_the_fast_encoder_itself_refuses_what_orjson_would_encode(value: object)
     assert _outcome(canonical_json, records) == "RUNTIME_STATE_VALUE_INVALID"
 
 
-def test_integral_negative_zero_and_exponent_floats_together() -> None:
+def test_mixed_special_floats() -> None:
     """Each float orjson prints unlike ECMAScript is rewritten, also all in one value."""
     value = {"a": [1e16, 2.0, -0.0, 1e-7, 3.0, 0.5], "b": "x.0,", "c": -0.0, "d": 4.0}
     assert fast(value) == exact(value)
     assert fast(value) == b'{"a":[10000000000000000,2,0,1e-7,3,0.5],"b":"x.0,","c":0,"d":4}'
 
 
-def test_exact_encoder_passes_every_canonical_vector() -> None:
+def test_exact_encoder_vectors() -> None:
     """The reference encoder alone matches the JavaScript original on every vector."""
     for vector in vectors("canonical"):
         want = expected(vector)
@@ -401,7 +401,7 @@ def _outcome(encode: Any, value: object) -> bytes | str:
 
 @settings(max_examples=500, database=None)
 @given(_VALUES)
-def test_fast_encoder_gives_the_exact_encoders_bytes(value: object) -> None:
+def test_fast_matches_exact(value: object) -> None:
     """On random JSON values (floats, big ints, astral and surrogate text) both agree."""
     assert _outcome(canonical_json, value) == _outcome(fast, value) == _outcome(exact, value)
 
@@ -426,7 +426,7 @@ _PARSED_TEXT = st.recursive(
 
 @settings(max_examples=500, database=None)
 @given(_PARSED_TEXT)
-def test_canonical_json_of_what_orjson_parsed_is_canonical_json(text: str) -> None:
+def test_parsed_fast_matches_exact(text: str) -> None:
     """On what orjson.loads returns (floats, ints, astral text), both give the same outcome."""
     try:
         value = orjson.loads(text)
@@ -435,7 +435,7 @@ def test_canonical_json_of_what_orjson_parsed_is_canonical_json(text: str) -> No
     assert _outcome(canonical_json_of_parsed, value) == _outcome(canonical_json, value)
 
 
-def test_canonical_json_of_parsed_passes_every_vector_orjson_reads() -> None:
+def test_parsed_vectors() -> None:
     """Every canonical vector orjson can read gives the JavaScript module's bytes."""
     read = 0
     for vector in vectors("canonical"):
@@ -457,7 +457,7 @@ def test_canonical_json_of_parsed_passes_every_vector_orjson_reads() -> None:
     "text",
     ['{"a":100.0}', '{"a":-0.0}', '{"a":1e16}', '{"a":5e-6}', '{"a":"1.0,","b":1.5}'],
 )
-def test_float_tokens_orjson_prints_otherwise_leave_the_shortcut(text: str) -> None:
+def test_odd_float_tokens_slow_path(text: str) -> None:
     """An integral or exponent float (or such text in a string) is encoded by the full path."""
     value = orjson.loads(text)
     assert _fast.encode_parsed(value) is None

@@ -6,13 +6,14 @@ import asyncio
 
 import pytest
 
-from forgezero_lifecycle._clock import first, wait_event
+from forgezero_lifecycle._race import first, wait_event
 from forgezero_lifecycle.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_work_that_finishes_first_gives_its_result_and_stops_the_other() -> None:
+async def test_work_first_wins() -> None:
+    """Work that finishes first gives its result and stops the other."""
     stop = asyncio.get_running_loop().create_future()
 
     async def work() -> str:
@@ -23,7 +24,9 @@ async def test_work_that_finishes_first_gives_its_result_and_stops_the_other() -
     assert stop.cancelled()
 
 
-async def test_work_that_raises_first_keeps_its_exception() -> None:
+async def test_work_raises_first() -> None:
+    """Work that raises first keeps its exception."""
+
     async def work() -> None:
         raise ValueError("broken")
 
@@ -32,7 +35,8 @@ async def test_work_that_raises_first_keeps_its_exception() -> None:
         outcome.result()
 
 
-async def test_stop_first_cancels_the_work_and_waits_for_it() -> None:
+async def test_stop_first_cancels_work() -> None:
+    """Stop first cancels the work and waits for it."""
     finished: list[str] = []
 
     async def work() -> None:
@@ -46,7 +50,8 @@ async def test_stop_first_cancels_the_work_and_waits_for_it() -> None:
     assert finished == ["cleaned up"]  # awaited before first() returned
 
 
-async def test_work_that_does_not_block_wins_over_a_stop_already_done() -> None:
+async def test_nonblocking_work_wins() -> None:
+    """Work that does not block wins over a stop already done."""
     done = asyncio.Event()
     done.set()
 
@@ -56,7 +61,9 @@ async def test_work_that_does_not_block_wins_over_a_stop_already_done() -> None:
     assert (await first(work(), done.wait())).result() == 7
 
 
-async def test_a_stop_that_raises_is_raised_once_the_work_is_cancelled() -> None:
+async def test_stop_raises_after_cancel() -> None:
+    """A stop that raises is raised once the work is cancelled."""
+
     async def stop() -> None:
         raise RuntimeError("the clock broke")
 
@@ -64,7 +71,8 @@ async def test_a_stop_that_raises_is_raised_once_the_work_is_cancelled() -> None
         await first(asyncio.Event().wait(), stop())
 
 
-async def test_cancelling_the_caller_cancels_both() -> None:
+async def test_caller_cancel_cancels_both() -> None:
+    """Cancelling the caller cancels both."""
     started = asyncio.Event()
     work = asyncio.ensure_future(asyncio.Event().wait())
     stop = asyncio.ensure_future(asyncio.Event().wait())
@@ -83,7 +91,8 @@ async def test_cancelling_the_caller_cancels_both() -> None:
     assert stop.cancelled()
 
 
-async def test_wait_event_on_a_manual_clock() -> None:
+async def test_wait_event_manual_clock() -> None:
+    """wait_event on a manual clock."""
     clock = ManualClock()
     event = asyncio.Event()
     waiting = asyncio.ensure_future(wait_event(event, clock, 5.0))
@@ -101,7 +110,8 @@ async def test_wait_event_on_a_manual_clock() -> None:
     assert clock.sleepers == 0
 
 
-async def test_wait_event_already_set_or_no_time_left() -> None:
+async def test_wait_event_set_or_timed_out() -> None:
+    """wait_event with the event already set or no time left."""
     clock = ManualClock()
     event = asyncio.Event()
     assert await wait_event(event, clock, -1.0) is False

@@ -13,7 +13,11 @@ TREE = {
     "DrainConflictError": (
         "DrainError",
         RuntimeError,
-        ("RUNTIME_DRAIN_ALREADY_STARTED", "RUNTIME_DRAIN_REVISION_MISMATCH"),
+        (
+            "RUNTIME_DRAIN_ALREADY_STARTED",
+            "RUNTIME_DRAIN_REVISION_MISMATCH",
+            "RUNTIME_DRAIN_SHARED_LISTENER",
+        ),
     ),
     "DrainNotFoundError": ("DrainError", LookupError, ("RUNTIME_DRAIN_NOT_FOUND",)),
     "DrainCountersInvalidError": ("DrainError", ValueError, ("RUNTIME_DRAIN_COUNTERS_INVALID",)),
@@ -68,6 +72,8 @@ TREE = {
     ),
     "UnauthorizedError": ("ControlError", None, ("RUNTIME_UNAUTHORIZED",)),
     "BodyTooLargeError": ("ControlError", ValueError, ("RUNTIME_BODY_TOO_LARGE",)),
+    "BodyTimeoutError": ("ControlError", ValueError, ("RUNTIME_BODY_TIMEOUT",)),
+    "ReloadBusyError": ("ControlError", RuntimeError, ("RUNTIME_RELOAD_BUSY",)),
     "ContentTypeInvalidError": ("ControlError", ValueError, ("RUNTIME_CONTENT_TYPE",)),
     "ControlPathNotFoundError": ("ControlError", LookupError, ("RUNTIME_NOT_FOUND",)),
     "ControlUnreachableError": ("ControlError", ConnectionError, ("RUNTIME_UNREACHABLE",)),
@@ -84,7 +90,7 @@ TREE = {
 
 
 @pytest.mark.parametrize("name", sorted(TREE))
-def test_each_error_has_its_place_and_codes(name: str) -> None:
+def test_error_places_and_codes(name: str) -> None:
     """Each class sits under its family and its builtin base, with exactly its codes."""
     parent, builtin, codes = TREE[name]
     cls = getattr(errors, name)
@@ -99,19 +105,19 @@ def test_each_error_has_its_place_and_codes(name: str) -> None:
         assert str(error) == code
 
 
-def test_an_error_refuses_a_code_of_another_family() -> None:
+def test_foreign_code_refused() -> None:
     """A code belongs to one class: constructing with a foreign code is a programming error."""
     with pytest.raises(TypeError):
         errors.DrainNotFoundError("RUNTIME_STATE_NOT_FOUND")
 
 
-def test_http_status_codes_travel_by_prefix() -> None:
+def test_http_codes_by_prefix() -> None:
     """RUNTIME_STATE_SOURCE_HTTP_<status> is one family of codes carried by StateTransferFailedError."""
     assert errors.StateTransferFailedError("RUNTIME_STATE_SOURCE_HTTP_302").code.endswith("302")
 
 
 @pytest.mark.parametrize("name", sorted(TREE))
-def test_error_for_code_rebuilds_the_typed_error(name: str) -> None:
+def test_error_for_code_typed(name: str) -> None:
     """A client rebuilds the server's typed error from the wire code alone."""
     for code in TREE[name][2]:
         rebuilt = errors.error_for_code(code, "detail")
@@ -119,14 +125,14 @@ def test_error_for_code_rebuilds_the_typed_error(name: str) -> None:
         assert (rebuilt.code, rebuilt.detail) == (code, "detail")
 
 
-def test_unknown_codes_become_remote_errors() -> None:
+def test_unknown_code_is_remote() -> None:
     """A code from a newer server is kept verbatim rather than lost."""
     rebuilt = errors.error_for_code("RUNTIME_SOMETHING_NEW")
     assert isinstance(rebuilt, errors.RemoteError)
     assert rebuilt.code == "RUNTIME_SOMETHING_NEW"
 
 
-def test_queue_errors_carry_codes_and_helpful_text() -> None:
+def test_queue_error_codes() -> None:
     """Queue refusals say what happened and what to do, with their stable codes."""
     assert errors.QueueStoppedError().code == "QUEUE_STOPPED"
     assert "new generation" in str(errors.QueueIntakePausedError())
@@ -135,7 +141,7 @@ def test_queue_errors_carry_codes_and_helpful_text() -> None:
     assert errors.TaskCancelledError().code == "QUEUE_TASK_CANCELLED"
 
 
-def test_every_public_error_is_in_the_tree_test() -> None:
+def test_public_errors_in_tree() -> None:
     """A new error class must be added here (and to the docstring's tree) on purpose."""
     families = {"LifecycleError", "DrainError", "StateError", "ControlError", "QueueError"}
     families |= {"ScheduleError", "JobError", "RemoteError", "MethodNotAllowedError"}

@@ -40,7 +40,7 @@ def fields(record: logging.LogRecord, *names: str) -> dict[str, Any]:
     return {name: getattr(record, name) for name in names}
 
 
-async def test_one_drain_logs_each_phase_once_in_order(caplog: pytest.LogCaptureFixture) -> None:
+async def test_drain_phases_logged(caplog: pytest.LogCaptureFixture) -> None:
     """begin, readiness off, intake closed, stream notice, job release, drained, rollback."""
     caplog.set_level(logging.DEBUG, logger="forgezero_lifecycle")
     clock = ManualClock()
@@ -114,7 +114,7 @@ async def test_one_drain_logs_each_phase_once_in_order(caplog: pytest.LogCapture
         assert TOKEN not in record.getMessage()
 
 
-async def test_a_failed_drain_logs_its_failure_and_what_was_left(
+async def test_failed_drain_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """drain.failed is a warning with the failure code and the counters still in flight."""
@@ -144,7 +144,7 @@ async def test_a_failed_drain_logs_its_failure_and_what_was_left(
     runtime.gate.release_http()
 
 
-async def test_a_handoff_logs_export_begin_fetched_and_acknowledged(
+async def test_handoff_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The steps of a handoff are events too; neither the value nor the token is in any."""

@@ -1,4 +1,4 @@
-"""The package root re-exports the public API, and nothing else, in a sorted __all__."""
+"""The public surface: each name has one import path, listed in a sorted __all__."""
 
 from __future__ import annotations
 
@@ -9,14 +9,27 @@ import os
 import re
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
 
 import forgezero_lifecycle
+import forgezero_lifecycle.client
+import forgezero_lifecycle.errors
 import forgezero_lifecycle.jobs
+import forgezero_lifecycle.testing
+import forgezero_lifecycle.wire
 from forgezero_lifecycle._lazy import attach
+
+#: The public import paths: a name is exported by exactly one of them.
+PUBLIC = {
+    "forgezero_lifecycle": forgezero_lifecycle,
+    "forgezero_lifecycle.client": forgezero_lifecycle.client,
+    "forgezero_lifecycle.errors": forgezero_lifecycle.errors,
+    "forgezero_lifecycle.jobs": forgezero_lifecycle.jobs,
+    "forgezero_lifecycle.testing": forgezero_lifecycle.testing,
+    "forgezero_lifecycle.wire": forgezero_lifecycle.wire,
+}
 
 
 def _isort_key(name: str) -> tuple[int, str]:
@@ -33,20 +46,80 @@ def _run(probe: str) -> str:
     ).stdout.strip()
 
 
-def test_all_is_sorted_and_unique() -> None:
+@pytest.mark.parametrize("path", sorted(PUBLIC))
+def test_all_is_sorted_and_unique(path: str) -> None:
     """__all__ is kept sorted so additions are reviewed where they belong."""
-    names = forgezero_lifecycle.__all__
+    names = list(PUBLIC[path].__all__)
     assert names == sorted(names, key=_isort_key)
     assert len(names) == len(set(names))
 
 
-def test_every_exported_name_resolves() -> None:
-    """Each name in __all__ is importable from the root (the client and PostgreSQL lazily)."""
-    for name in forgezero_lifecycle.__all__:
-        assert getattr(forgezero_lifecycle, name) is not None, name
+@pytest.mark.parametrize("path", sorted(PUBLIC))
+def test_exported_names_resolve(path: str) -> None:
+    """Each name in __all__ is importable from its path (httpx and PostgreSQL lazily)."""
+    for name in PUBLIC[path].__all__:
+        assert getattr(PUBLIC[path], name) is not None, name
 
 
-def test_public_names_are_exactly_all() -> None:
+def test_one_import_path_each() -> None:
+    """No name is exported by two public paths, so there is one way to import each."""
+    homes: dict[str, list[str]] = {}
+    for path, module in PUBLIC.items():
+        for name in module.__all__:
+            homes.setdefault(name, []).append(path)
+    assert {name: paths for name, paths in homes.items() if len(paths) > 1} == {}
+
+
+def test_root_keeps_app_names() -> None:
+    """The root is the application's surface: no wire model, path constant or client."""
+    assert forgezero_lifecycle.__all__ == [
+        "ConfigurationError",
+        "ConnectionClosedByDrainError",
+        "KeyedQueue",
+        "LeaseLostError",
+        "LifecycleError",
+        "QueueIntakePausedError",
+        "Runtime",
+        "Scheduler",
+        "StateAdapter",
+        "StateImportContext",
+        "WorkParticipant",
+        "__version__",
+    ]
+
+
+def test_one_home_per_error() -> None:
+    """The 41 error classes: the handful an application catches on the root, the rest in errors."""
+    from forgezero_lifecycle import _errors
+
+    classes = {
+        name
+        for name, value in vars(_errors).items()
+        if inspect.isclass(value) and issubclass(value, _errors.LifecycleError)
+    }
+    exported = {
+        name
+        for module in (forgezero_lifecycle, forgezero_lifecycle.errors)
+        for name in module.__all__
+        if name.endswith("Error")
+    }
+    assert len(classes) == 41
+    assert exported == classes
+
+
+def test_moved_name_warns() -> None:
+    """An import of an old root name works and names its one import path."""
+    with pytest.warns(DeprecationWarning, match="import DrainStatus from forgezero_lifecycle.wire"):
+        moved = forgezero_lifecycle.DrainStatus
+    assert moved is forgezero_lifecycle.wire.DrainStatus
+    with pytest.warns(DeprecationWarning, match="import JobWorker from forgezero_lifecycle.jobs"):
+        assert forgezero_lifecycle.JobWorker is forgezero_lifecycle.jobs.JobWorker
+    with pytest.warns(DeprecationWarning, match="from forgezero_lifecycle.jobs"):
+        assert forgezero_lifecycle.testing.MemoryJobStore is forgezero_lifecycle.jobs.MemoryJobStore
+    assert "DrainStatus" not in dir(forgezero_lifecycle)
+
+
+def test_public_names_are_all() -> None:
     """No public name sits on the root without being in __all__ (httpx's rule)."""
     public = {
         name
@@ -57,13 +130,13 @@ def test_public_names_are_exactly_all() -> None:
     assert public == set(forgezero_lifecycle.__all__) - {"__version__"}
 
 
-def test_version_is_the_installed_distributions() -> None:
+def test_version_is_installed() -> None:
     """__version__ is what the installed metadata says (pip, the wheel, pyproject.toml)."""
     assert "__version__" in forgezero_lifecycle.__all__
     assert forgezero_lifecycle.__version__ == importlib.metadata.version("forgezero-lifecycle")
 
 
-def test_importing_the_root_imports_no_module_of_the_library() -> None:
+def test_root_import_is_lazy() -> None:
     """Each name loads its module on first access: the bare import costs nothing else."""
     probe = (
         "import sys, forgezero_lifecycle; "
@@ -72,14 +145,14 @@ def test_importing_the_root_imports_no_module_of_the_library() -> None:
     assert _run(probe) == "['forgezero_lifecycle._lazy']"
 
 
-def test_a_lazy_name_is_imported_once_then_kept_on_the_module() -> None:
+def test_lazy_name_cached() -> None:
     """After the first access the value is a plain module attribute (no __getattr__ call)."""
     value = forgezero_lifecycle.Runtime
     assert vars(forgezero_lifecycle)["Runtime"] is value
     assert "Runtime" in dir(forgezero_lifecycle)
 
 
-def test_an_unknown_name_is_an_attribute_error() -> None:
+def test_unknown_name_attr_error() -> None:
     """A typo fails like any missing attribute, naming the module and the name."""
     with pytest.raises(AttributeError, match="'forgezero_lifecycle' has no attribute 'Runtme'"):
         forgezero_lifecycle.Runtme  # noqa: B018 - the attribute access is the test
@@ -103,34 +176,52 @@ def _package_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) 
         ("from os import sep as sep\n", "only relative"),
     ],
 )
-def test_the_exports_block_holds_only_explicit_relative_re_exports(
+def test_exports_block_form(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: str, message: str
 ) -> None:
     """Anything else in the block would be invisible at run time, so it is refused at import."""
-    package = _package_from(tmp_path, monkeypatch, f"if TYPE_CHECKING:\n    {block}")
+    package = _package_from(
+        tmp_path, monkeypatch, f"if TYPE_CHECKING or not attach(__name__):\n    {block}"
+    )
     with pytest.raises(ImportError, match=message):
         attach(package)
 
 
-def test_a_package_without_an_exports_block_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_no_exports_block_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A missing block would export nothing: said at import, not found at first use."""
     package = _package_from(tmp_path, monkeypatch, "from .runtime import Runtime as Runtime\n")
-    with pytest.raises(ImportError, match="one `if TYPE_CHECKING:` block"):
+    with pytest.raises(ImportError, match="one `if TYPE_CHECKING or not attach"):
         attach(package)
 
 
-def test_a_package_installed_without_its_source_is_refused(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Bytecode only (a freezer's bundle): the exports cannot be read, and the error says why."""
-    monkeypatch.setitem(sys.modules, "fz_lazy_probe", types.ModuleType("fz_lazy_probe"))
-    with pytest.raises(ImportError, match="read from its source, which is not installed"):
-        attach("fz_lazy_probe")
+_BYTECODE_PACKAGE = """
+from typing import TYPE_CHECKING
+
+from forgezero_lifecycle._lazy import attach
+
+if TYPE_CHECKING or not attach(__name__):
+    from .inner import Thing as Thing
+    from .inner import helper as helper
+"""
 
 
-def test_the_jobs_package_exports_through_the_same_helper() -> None:
+def test_no_source_imports_eagerly(tmp_path: Path) -> None:
+    """Bytecode only (a freezer's bundle): the names are imported at once instead of lazily."""
+    package = tmp_path / "fz_bytecode_probe"
+    package.mkdir()
+    (package / "__init__.py").write_text(_BYTECODE_PACKAGE)
+    (package / "inner.py").write_text("class Thing: ...\ndef helper(): ...\n")
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-b", str(package)], check=True)
+    for source in package.glob("*.py"):
+        source.unlink()
+    probe = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import fz_bytecode_probe as p; "
+        "print(p.__all__, 'fz_bytecode_probe.inner' in sys.modules, p.Thing.__name__)"
+    )
+    assert _run(probe) == "['Thing', 'helper'] True Thing"
+
+
+def test_jobs_exports_same_way() -> None:
     """One lazy mechanism: forgezero_lifecycle.jobs lists its names the same way."""
     jobs = forgezero_lifecycle.jobs
     assert jobs.__all__ == sorted(jobs.__all__, key=_isort_key)
@@ -138,7 +229,7 @@ def test_the_jobs_package_exports_through_the_same_helper() -> None:
         assert getattr(jobs, name) is not None, name
 
 
-def test_exported_objects_claim_a_library_module() -> None:
+def test_exports_claim_module() -> None:
     """Classes and functions exported from the root are defined inside the library."""
     for name in forgezero_lifecycle.__all__:
         value = getattr(forgezero_lifecycle, name)
@@ -146,7 +237,7 @@ def test_exported_objects_claim_a_library_module() -> None:
             assert value.__module__.startswith("forgezero_lifecycle"), name
 
 
-def test_importing_the_runtime_does_not_import_httpx() -> None:
+def test_runtime_skips_httpx() -> None:
     """A served generation without a state adapter never pays for httpx (about 5 MiB)."""
     probe = (
         "import sys, forgezero_lifecycle as f; f.Runtime(control_token='t' * 32); "
@@ -155,7 +246,7 @@ def test_importing_the_runtime_does_not_import_httpx() -> None:
     assert _run(probe) == "False"
 
 
-def test_importing_the_runtime_loads_no_sql_store_and_no_cron_parser() -> None:
+def test_runtime_skips_sql_cron() -> None:
     """sqlite3 (about 1 MiB) and cronsim load only when a SQLite store or a cron job is made."""
     probe = (
         "import sys, forgezero_lifecycle as f; f.Runtime(control_token='t' * 32); "
@@ -168,6 +259,7 @@ _SERVE_THEN_DRAIN = """
 import asyncio, sys
 from starlette.applications import Starlette
 import forgezero_lifecycle as f
+import forgezero_lifecycle.wire as w
 
 runtime = f.Runtime(control_token="t" * 32)
 app = Starlette()
@@ -190,26 +282,27 @@ async def call(method, path, body=b""):
     return sent[0]["status"]
 
 async def main():
-    statuses = [await call("GET", f.RUNTIME_READY_PATH), await call("GET", f.RUNTIME_LIVE_PATH)]
+    statuses = [await call("GET", w.RUNTIME_READY_PATH), await call("GET", w.RUNTIME_LIVE_PATH)]
     print(statuses, "pydantic" in sys.modules)
     body = (
         b'{"protocol":"forgezero-drain/v1","nonce":"' + b"n" * 43 + b'","sourceRevision":"'
         + b"a" * 40 + b'","targetRevision":"' + b"b" * 40 + b'","timeoutMs":1000}'
     )
-    print(await call("POST", f.RUNTIME_DRAIN_BEGIN_PATH, body), "pydantic" in sys.modules)
+    print(await call("POST", w.RUNTIME_DRAIN_BEGIN_PATH, body), "pydantic" in sys.modules)
 
 asyncio.run(main())
 """
 
 
-def test_the_runtime_loads_pydantic_on_the_first_drain_request_not_before() -> None:
+def test_pydantic_loaded_late() -> None:
     """Serving, readiness and liveness need no wire model; the first drain request loads them."""
     assert _run(_SERVE_THEN_DRAIN).splitlines() == ["[200, 200] False", "202 True"]
 
 
-def test_the_examples_import_what_the_readme_shows() -> None:
-    """The README imports from the package root; so do the examples, never a module path."""
+def test_examples_public_imports() -> None:
+    """The examples import from the public paths, never from a module inside the library."""
     root = Path(__file__).resolve().parents[1]
     for path in sorted(root.glob("examples/**/*.py")):
-        deep = re.findall(r"^\s*(?:from|import) forgezero_lifecycle\.\S+", path.read_text(), re.M)
-        assert deep == [], path.relative_to(root)
+        found = re.findall(r"^\s*(?:from|import) (forgezero_lifecycle\S*)", path.read_text(), re.M)
+        private = [name for name in found if name not in {*PUBLIC, "forgezero_lifecycle.metrics"}]
+        assert private == [], path.relative_to(root)

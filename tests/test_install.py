@@ -97,9 +97,7 @@ def client(app: Starlette) -> httpx.AsyncClient:
 
 
 @pytest.mark.parametrize(("framework", "style"), CASES)
-async def test_middleware_added_after_install_cannot_shadow_the_probes(
-    framework: str, style: str
-) -> None:
+async def test_later_middleware_no_shadow(framework: str, style: str) -> None:
     """/ready and /live are answered by the runtime even when a later middleware claims all."""
     app = build(framework)
     Runtime(control_token=TOKEN).install(app)
@@ -113,9 +111,7 @@ async def test_middleware_added_after_install_cannot_shadow_the_probes(
 
 
 @pytest.mark.parametrize(("framework", "style"), CASES)
-async def test_a_request_inside_a_later_middleware_is_counted_and_waited_for(
-    framework: str, style: str
-) -> None:
+async def test_inner_request_counted(framework: str, style: str) -> None:
     """The counted region encloses middleware added after install: the drain waits for it."""
     app = build(framework)
     runtime = Runtime(control_token=TOKEN)
@@ -139,7 +135,7 @@ async def test_a_request_inside_a_later_middleware_is_counted_and_waited_for(
     assert runtime.in_flight().http == 0
 
 
-async def test_installing_twice_is_a_configuration_error() -> None:
+async def test_install_twice_refused() -> None:
     """A second install (same or another runtime) is refused: one gate per app."""
     app = Starlette()
     runtime = Runtime(control_token=TOKEN)
@@ -150,7 +146,7 @@ async def test_installing_twice_is_a_configuration_error() -> None:
     assert app.state.forgezero_runtime is runtime
 
 
-async def test_installing_on_an_app_that_already_serves_is_a_configuration_error() -> None:
+async def test_install_on_serving_refused() -> None:
     """Once the middleware stack is built, wrapping it later would miss requests: refused."""
     app = Starlette(routes=[Route("/work", work)])
     async with client(app) as http:

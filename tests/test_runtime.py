@@ -30,7 +30,7 @@ def drain_request(timeout_ms: int = 10_000, nonce: str = NONCE) -> dict[str, Any
     }
 
 
-async def test_a_drain_waits_for_queued_work_then_is_drained() -> None:
+async def test_drain_waits_for_queue() -> None:
     """Queue work accepted before the drain runs to its end; new submissions are refused."""
     clock = ManualClock()
     runtime = Runtime(control_token=TOKEN, clock=clock)
@@ -57,7 +57,7 @@ async def test_a_drain_waits_for_queued_work_then_is_drained() -> None:
     assert runtime.drain.status(NONCE).in_flight.jobs == 0
 
 
-async def test_a_drain_times_out_with_queue_work_still_running() -> None:
+async def test_drain_times_out_on_queue() -> None:
     """Work still running at the deadline: failed RUNTIME_DRAIN_TIMEOUT with jobs > 0."""
     clock = ManualClock()
     runtime = Runtime(control_token=TOKEN, clock=clock)
@@ -78,7 +78,7 @@ async def test_a_drain_times_out_with_queue_work_still_running() -> None:
     await running
 
 
-async def test_rollback_reopens_queue_scheduler_and_gate() -> None:
+async def test_rollback_reopens_all() -> None:
     """Rollback resumes every participant and the gate; readiness returns."""
     clock = ManualClock()
     runtime = Runtime(control_token=TOKEN, clock=clock)
@@ -98,7 +98,7 @@ async def test_rollback_reopens_queue_scheduler_and_gate() -> None:
     assert await queue.run("k", asyncio.sleep, 0) is None
 
 
-async def test_not_ready_grace_admits_until_the_gate_closes() -> None:
+async def test_not_ready_grace_admits() -> None:
     """During the not-ready grace readiness is off but intake stays open; then it closes."""
     clock = ManualClock()
     runtime = Runtime(control_token=TOKEN, clock=clock, not_ready_grace=2.0)
@@ -111,7 +111,7 @@ async def test_not_ready_grace_admits_until_the_gate_closes() -> None:
     assert not runtime.gate.is_open
 
 
-async def test_not_ready_grace_is_capped_by_half_the_deadline() -> None:
+async def test_not_ready_grace_capped() -> None:
     """A grace longer than the deadline allows still leaves time for the drain itself."""
     clock = ManualClock()
     runtime = Runtime(control_token=TOKEN, clock=clock, not_ready_grace=60.0)
@@ -120,7 +120,7 @@ async def test_not_ready_grace_is_capped_by_half_the_deadline() -> None:
     assert not runtime.gate.is_open
 
 
-async def test_stream_notice_comes_after_the_stream_grace_inside_the_deadline() -> None:
+async def test_stream_notice_after_grace() -> None:
     """Open streams get the notice after stream_grace, capped at half the remaining time."""
     clock = ManualClock()
     runtime = Runtime(control_token=TOKEN, clock=clock, stream_grace=30.0)
@@ -134,7 +134,7 @@ async def test_stream_notice_comes_after_the_stream_grace_inside_the_deadline() 
     assert await runtime.drain.wait() == "drained"
 
 
-async def test_a_runtime_needs_a_control_token() -> None:
+async def test_control_token_required() -> None:
     """Without a token the control plane refuses to exist, unless loopback-only dev mode."""
     with pytest.raises(ConfigurationError):
         Runtime()
@@ -143,7 +143,7 @@ async def test_a_runtime_needs_a_control_token() -> None:
     Runtime(insecure_loopback_control=True)
 
 
-async def test_loopback_dev_mode_admits_loopback_clients_only() -> None:
+async def test_loopback_dev_mode() -> None:
     """insecure_loopback_control serves 127.0.0.1 and ::1 without a token, nobody else."""
     runtime = Runtime(insecure_loopback_control=True)
 
@@ -159,7 +159,7 @@ async def test_loopback_dev_mode_admits_loopback_clients_only() -> None:
         assert response.status_code == expected
 
 
-async def test_schedule_status_is_served_on_the_control_plane() -> None:
+async def test_schedule_status_served() -> None:
     """GET schedules/v1/status shows each job's last run and failures for an incident."""
     clock = ManualClock()
     runtime = Runtime(control_token=TOKEN, clock=clock)
@@ -184,7 +184,7 @@ async def test_schedule_status_is_served_on_the_control_plane() -> None:
     assert "provider timed out" in job["last_error"]
 
 
-async def test_serve_finds_the_runtime_of_an_installed_or_wrapped_app() -> None:
+async def test_serve_finds_runtime() -> None:
     """serve is handed the app only; it finds the runtime both ways the runtime attaches."""
     from starlette.applications import Starlette
 
@@ -202,7 +202,7 @@ async def test_serve_finds_the_runtime_of_an_installed_or_wrapped_app() -> None:
     assert find_runtime(bare) is None
 
 
-async def test_a_stream_whose_client_never_reads_is_abandoned_before_the_deadline() -> None:
+async def test_stuck_stream_abandoned() -> None:
     """A response blocked by a client that does not read is given up at the release margin, so
     the drain ends drained inside its deadline, and a later drain after rollback is not stuck."""
     from forgezero_lifecycle.testing import ASGIRecorder

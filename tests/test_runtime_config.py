@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("revision", ["1111111", "A" * 40, "a" * 39, "a" * 41, "a" * 40 + "\n", ""])
-def test_a_revision_that_no_drain_can_name_is_refused(revision: str) -> None:
+def test_unnameable_revision_refused(revision: str) -> None:
     """Only a full 40-hex commit can ever equal a drain's sourceRevision."""
     with pytest.raises(ConfigurationError, match="40-hex"):
         Runtime(control_token=TOKEN, revision=revision)
@@ -35,14 +35,14 @@ def test_a_full_revision_is_accepted() -> None:
     "handoff_token",
     ["h" * 16, "h" * 42, "h" * 44, "h" * 42 + "=", "h" * 42 + "+", "h" * 42 + "é"],
 )
-def test_a_handoff_token_the_wire_cannot_carry_is_refused(handoff_token: str) -> None:
+def test_bad_handoff_token_refused(handoff_token: str) -> None:
     """source.authorization carries exactly 43 base64url characters, so nothing else works."""
     with pytest.raises(ConfigurationError, match="43 base64url") as caught:
         Runtime(control_token=TOKEN, handoff_token=handoff_token)
     assert handoff_token not in str(caught.value)
 
 
-def test_the_same_token_for_control_and_handoff_is_refused() -> None:
+def test_shared_token_refused() -> None:
     """The handoff token reaches the new generation; the control token must not."""
     with pytest.raises(ConfigurationError, match="differ"):
         Runtime(control_token=HANDOFF, handoff_token=HANDOFF)
@@ -50,14 +50,14 @@ def test_the_same_token_for_control_and_handoff_is_refused() -> None:
 
 
 @pytest.mark.parametrize("token", ["short", "x" * 20 + " y", "tökentökentökentöken", "a\nb" * 10])
-def test_a_control_token_a_bearer_header_cannot_carry_is_refused(token: str) -> None:
+def test_bad_control_token_refused(token: str) -> None:
     """Too short, whitespace or non-ASCII: refused, and the message never echoes it."""
     with pytest.raises(ConfigurationError) as caught:
         Runtime(control_token=token)
     assert token not in str(caught.value)
 
 
-def test_the_kubernetes_placeholders_cannot_start_a_runtime() -> None:
+def test_k8s_placeholders_refused() -> None:
     """An unedited example Secret fails at start-up, saying it is a placeholder."""
     text = (ROOT / "examples/kubernetes/deployment.yaml").read_text()
     control = re.search(r'control-token: "([^"]*)"', text)
@@ -71,26 +71,26 @@ def test_the_kubernetes_placeholders_cannot_start_a_runtime() -> None:
 
 
 @pytest.mark.parametrize("code", [1004, 1005, 1006, 1015, 1016, 2999, 999, 5000, True])
-def test_a_close_code_that_may_not_be_sent_is_refused(code: int) -> None:
+def test_unsendable_close_refused(code: int) -> None:
     """RFC 6455 §7.4: 1005, 1006, 1015 and the reserved ranges never go on the wire."""
     with pytest.raises(ConfigurationError, match="may not be sent"):
         Runtime(control_token=TOKEN, websocket_close_code=code)
 
 
 @pytest.mark.parametrize("code", [1000, 1001, 1011, 1012, 1014, 3000, 4999])
-def test_sendable_close_codes_are_accepted(code: int) -> None:
+def test_sendable_close_accepted(code: int) -> None:
     """Every code an endpoint may send is accepted."""
     Runtime(control_token=TOKEN, websocket_close_code=code)
 
 
 @pytest.mark.parametrize("retry_after", [-1, 1.5, "1", True])
-def test_a_retry_after_that_is_not_whole_seconds_is_refused(retry_after: Any) -> None:
+def test_fractional_retry_refused(retry_after: Any) -> None:
     """Retry-After is a count of seconds ≥ 0."""
     with pytest.raises(ConfigurationError, match="retry_after"):
         Runtime(control_token=TOKEN, retry_after=retry_after)
 
 
-async def test_retry_after_is_set_through_the_runtime() -> None:
+async def test_retry_after_via_runtime() -> None:
     """The refusal's Retry-After header says what the runtime was given."""
     runtime = Runtime(control_token=TOKEN, retry_after=7)
 

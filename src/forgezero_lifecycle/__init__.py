@@ -1,10 +1,22 @@
 """forgezero-lifecycle: hand an ASGI service over to its next generation with nothing lost.
 
+The root holds what an application uses: the :class:`Runtime`, the in-memory work it drains
+(:class:`KeyedQueue`, :class:`Scheduler`, any :class:`WorkParticipant`), the state handoff's
+:class:`StateAdapter` and :class:`StateImportContext`, and the errors an application catches.
+Everything else has one public import path of its own::
+
+    forgezero_lifecycle.jobs      durable fenced jobs: stores, worker, Lease
+    forgezero_lifecycle.wire      the control protocol: wire models, paths, canonical JSON
+    forgezero_lifecycle.errors    every other error class (one tree, drawn in its docstring)
+    forgezero_lifecycle.client    the orchestrator's client of the control protocol
+    forgezero_lifecycle.testing   clocks, an ASGI recorder, loop helpers for tests
+    forgezero_lifecycle.metrics   the Prometheus collector (``[metrics]``)
+
 Layers point down only (checked by import-linter in CI)::
 
     wire      pydantic models and constants of the control protocol; no I/O
-    core      framework-neutral asyncio controllers: gate, drain, handoff, queue, scheduler,
-              the signal hook that drains under a server the user runs
+    core      framework-neutral asyncio controllers: gate, drain and its steps, handoff, queue,
+              scheduler, the signal hook that drains under a server the user runs
     jobs      durable fenced jobs: store protocol, SQLite, PostgreSQL, worker
     asgi      the only ASGI/Starlette speakers: in-flight middleware, control sub-app
     client    httpx client of the control protocol (orchestrator side)
@@ -12,10 +24,9 @@ Layers point down only (checked by import-linter in CI)::
 
 Every name below is imported on first use (:mod:`forgezero_lifecycle._lazy`), so a process pays
 only for what it touches: ``Runtime`` loads no pydantic (about 13 MiB resident with the wire
-models) before the first drain request, no httpx (about 5 MiB) unless it hands state over or uses
-the orchestrator client (``ControlClient`` and friends), no :mod:`sqlite3` without a
-``SQLiteJobStore`` and no psycopg without a ``PostgresJobStore`` (so the package works without
-psycopg installed).
+models) before the first drain request, and no httpx (about 5 MiB) unless it hands state over.
+A name that moved off the root still resolves, with a :class:`DeprecationWarning` naming its
+import path.
 """
 
 from __future__ import annotations
@@ -24,106 +35,108 @@ from typing import TYPE_CHECKING
 
 from ._lazy import attach
 
-if TYPE_CHECKING:
-    from ._canonical import canonical_json as canonical_json
-    from ._canonical import state_digest as state_digest
-    from ._clock import Clock as Clock
-    from ._clock import SystemClock as SystemClock
-    from ._errors import BodyTooLargeError as BodyTooLargeError
+#: Names the root exported before it kept only an application's: name -> its one import path.
+_MOVED = {
+    "Accepted": "forgezero_lifecycle.wire",
+    "BodyTooLargeError": "forgezero_lifecycle.errors",
+    "Clock": "forgezero_lifecycle.testing",
+    "ContentTypeInvalidError": "forgezero_lifecycle.errors",
+    "ControlApp": "forgezero_lifecycle.asgi.control",
+    "ControlClient": "forgezero_lifecycle.client",
+    "ControlError": "forgezero_lifecycle.errors",
+    "ControlPathNotFoundError": "forgezero_lifecycle.errors",
+    "ControlUnreachableError": "forgezero_lifecycle.errors",
+    "DrainConflictError": "forgezero_lifecycle.errors",
+    "DrainController": "forgezero_lifecycle.core.drain",
+    "DrainCountersInvalidError": "forgezero_lifecycle.errors",
+    "DrainDependencies": "forgezero_lifecycle.core.drain",
+    "DrainError": "forgezero_lifecycle.errors",
+    "DrainFailedError": "forgezero_lifecycle.errors",
+    "DrainNotFoundError": "forgezero_lifecycle.errors",
+    "DrainRequest": "forgezero_lifecycle.wire",
+    "DrainRequestInvalidError": "forgezero_lifecycle.errors",
+    "DrainStatistics": "forgezero_lifecycle.core.drain",
+    "DrainStatus": "forgezero_lifecycle.wire",
+    "GateStatistics": "forgezero_lifecycle.core.gate",
+    "HandoffStatistics": "forgezero_lifecycle.core.handoff",
+    "IdempotencyConflictError": "forgezero_lifecycle.errors",
+    "InFlightMiddleware": "forgezero_lifecycle.asgi.middleware",
+    "IntakeGate": "forgezero_lifecycle.core.gate",
+    "Job": "forgezero_lifecycle.jobs",
+    "JobError": "forgezero_lifecycle.errors",
+    "JobHandlerUnknownError": "forgezero_lifecycle.errors",
+    "JobInvalidError": "forgezero_lifecycle.errors",
+    "JobState": "forgezero_lifecycle.jobs",
+    "JobStateError": "forgezero_lifecycle.errors",
+    "JobStatistics": "forgezero_lifecycle.jobs",
+    "JobStore": "forgezero_lifecycle.jobs",
+    "JobStoreError": "forgezero_lifecycle.errors",
+    "JobWorker": "forgezero_lifecycle.jobs",
+    "Lease": "forgezero_lifecycle.jobs",
+    "MemoryJobStore": "forgezero_lifecycle.jobs",
+    "MethodNotAllowedError": "forgezero_lifecycle.errors",
+    "PostgresJobStore": "forgezero_lifecycle.jobs",
+    "QueueDrainReport": "forgezero_lifecycle.core.queue",
+    "QueueError": "forgezero_lifecycle.errors",
+    "QueueKeyStoppedError": "forgezero_lifecycle.errors",
+    "QueueParticipant": "forgezero_lifecycle.core.queue",
+    "QueueStatistics": "forgezero_lifecycle.core.queue",
+    "QueueStoppedError": "forgezero_lifecycle.errors",
+    "RUNTIME_DRAIN_BEGIN_PATH": "forgezero_lifecycle.wire",
+    "RUNTIME_DRAIN_CURRENT_PATH": "forgezero_lifecycle.wire",
+    "RUNTIME_DRAIN_ROLLBACK_PATH": "forgezero_lifecycle.wire",
+    "RUNTIME_DRAIN_STATUS_PATH": "forgezero_lifecycle.wire",
+    "RUNTIME_LIVE_PATH": "forgezero_lifecycle.wire",
+    "RUNTIME_METRICS_PATH": "forgezero_lifecycle.wire",
+    "RUNTIME_OPENAPI_PATH": "forgezero_lifecycle.wire",
+    "RUNTIME_READY_PATH": "forgezero_lifecycle.wire",
+    "RUNTIME_SCHEDULES_STATUS_PATH": "forgezero_lifecycle.wire",
+    "RUNTIME_STATE_BEGIN_PATH": "forgezero_lifecycle.wire",
+    "RUNTIME_STATE_EXPORT_PATH": "forgezero_lifecycle.wire",
+    "RUNTIME_STATE_STATUS_PATH": "forgezero_lifecycle.wire",
+    "RemoteError": "forgezero_lifecycle.errors",
+    "SQLiteJobStore": "forgezero_lifecycle.jobs",
+    "ScheduleError": "forgezero_lifecycle.errors",
+    "ScheduleIntakePausedError": "forgezero_lifecycle.errors",
+    "ScheduleInvalidError": "forgezero_lifecycle.errors",
+    "ScheduleNotFoundError": "forgezero_lifecycle.errors",
+    "ScheduledJobStatistics": "forgezero_lifecycle.core.scheduler",
+    "SchedulerParticipant": "forgezero_lifecycle.core.scheduler",
+    "SchedulerStatistics": "forgezero_lifecycle.core.scheduler",
+    "StateConflictError": "forgezero_lifecycle.errors",
+    "StateEnvelope": "forgezero_lifecycle.wire",
+    "StateError": "forgezero_lifecycle.errors",
+    "StateExportError": "forgezero_lifecycle.errors",
+    "StateHandoffController": "forgezero_lifecycle.core.handoff",
+    "StateHandoffRequest": "forgezero_lifecycle.wire",
+    "StateHandoffStatus": "forgezero_lifecycle.wire",
+    "StateInputInvalidError": "forgezero_lifecycle.errors",
+    "StateNotFoundError": "forgezero_lifecycle.errors",
+    "StateSource": "forgezero_lifecycle.wire",
+    "StateTransferFailedError": "forgezero_lifecycle.errors",
+    "SyncControlClient": "forgezero_lifecycle.client",
+    "SystemClock": "forgezero_lifecycle.testing",
+    "TaskCancelledError": "forgezero_lifecycle.errors",
+    "UnauthorizedError": "forgezero_lifecycle.errors",
+    "WorkCounters": "forgezero_lifecycle.wire",
+    "WorkerStatistics": "forgezero_lifecycle.jobs",
+    "canonical_json": "forgezero_lifecycle.wire",
+    "drain_request": "forgezero_lifecycle.client",
+    "handoff_request": "forgezero_lifecycle.client",
+    "new_nonce": "forgezero_lifecycle.client",
+    "state_digest": "forgezero_lifecycle.wire",
+}
+
+if TYPE_CHECKING or not attach(__name__, moved=_MOVED):
     from ._errors import ConfigurationError as ConfigurationError
     from ._errors import ConnectionClosedByDrainError as ConnectionClosedByDrainError
-    from ._errors import ContentTypeInvalidError as ContentTypeInvalidError
-    from ._errors import ControlError as ControlError
-    from ._errors import ControlPathNotFoundError as ControlPathNotFoundError
-    from ._errors import ControlUnreachableError as ControlUnreachableError
-    from ._errors import DrainConflictError as DrainConflictError
-    from ._errors import DrainCountersInvalidError as DrainCountersInvalidError
-    from ._errors import DrainError as DrainError
-    from ._errors import DrainFailedError as DrainFailedError
-    from ._errors import DrainNotFoundError as DrainNotFoundError
-    from ._errors import DrainRequestInvalidError as DrainRequestInvalidError
-    from ._errors import IdempotencyConflictError as IdempotencyConflictError
-    from ._errors import JobError as JobError
-    from ._errors import JobHandlerUnknownError as JobHandlerUnknownError
-    from ._errors import JobInvalidError as JobInvalidError
-    from ._errors import JobStateError as JobStateError
-    from ._errors import JobStoreError as JobStoreError
     from ._errors import LeaseLostError as LeaseLostError
     from ._errors import LifecycleError as LifecycleError
-    from ._errors import MethodNotAllowedError as MethodNotAllowedError
-    from ._errors import QueueError as QueueError
     from ._errors import QueueIntakePausedError as QueueIntakePausedError
-    from ._errors import QueueKeyStoppedError as QueueKeyStoppedError
-    from ._errors import QueueStoppedError as QueueStoppedError
-    from ._errors import RemoteError as RemoteError
-    from ._errors import ScheduleError as ScheduleError
-    from ._errors import ScheduleIntakePausedError as ScheduleIntakePausedError
-    from ._errors import ScheduleInvalidError as ScheduleInvalidError
-    from ._errors import ScheduleNotFoundError as ScheduleNotFoundError
-    from ._errors import StateConflictError as StateConflictError
-    from ._errors import StateError as StateError
-    from ._errors import StateExportError as StateExportError
-    from ._errors import StateInputInvalidError as StateInputInvalidError
-    from ._errors import StateNotFoundError as StateNotFoundError
-    from ._errors import StateTransferFailedError as StateTransferFailedError
-    from ._errors import TaskCancelledError as TaskCancelledError
-    from ._errors import UnauthorizedError as UnauthorizedError
     from ._version import __version__ as __version__
-    from .asgi.control import ControlApp as ControlApp
-    from .asgi.middleware import InFlightMiddleware as InFlightMiddleware
-    from .client import ControlClient as ControlClient
-    from .client import SyncControlClient as SyncControlClient
-    from .client import drain_request as drain_request
-    from .client import handoff_request as handoff_request
-    from .client import new_nonce as new_nonce
-    from .core.drain import DrainController as DrainController
-    from .core.drain import DrainDependencies as DrainDependencies
-    from .core.drain import DrainStatistics as DrainStatistics
-    from .core.gate import GateStatistics as GateStatistics
-    from .core.gate import IntakeGate as IntakeGate
-    from .core.handoff import HandoffStatistics as HandoffStatistics
     from .core.handoff import StateAdapter as StateAdapter
-    from .core.handoff import StateHandoffController as StateHandoffController
     from .core.participant import WorkParticipant as WorkParticipant
     from .core.queue import KeyedQueue as KeyedQueue
-    from .core.queue import QueueDrainReport as QueueDrainReport
-    from .core.queue import QueueParticipant as QueueParticipant
-    from .core.queue import QueueStatistics as QueueStatistics
-    from .core.scheduler import ScheduledJobStatistics as ScheduledJobStatistics
     from .core.scheduler import Scheduler as Scheduler
-    from .core.scheduler import SchedulerParticipant as SchedulerParticipant
-    from .core.scheduler import SchedulerStatistics as SchedulerStatistics
-    from .jobs import Job as Job
-    from .jobs import JobState as JobState
-    from .jobs import JobStatistics as JobStatistics
-    from .jobs import JobStore as JobStore
-    from .jobs import JobWorker as JobWorker
-    from .jobs import Lease as Lease
-    from .jobs import MemoryJobStore as MemoryJobStore
-    from .jobs import WorkerStatistics as WorkerStatistics
-    from .jobs.postgres import PostgresJobStore as PostgresJobStore
-    from .jobs.sqlite import SQLiteJobStore as SQLiteJobStore
     from .runtime import Runtime as Runtime
-    from .wire.accepted import Accepted as Accepted
-    from .wire.drain import DrainRequest as DrainRequest
-    from .wire.drain import DrainStatus as DrainStatus
-    from .wire.drain import WorkCounters as WorkCounters
-    from .wire.handoff import StateEnvelope as StateEnvelope
-    from .wire.handoff import StateHandoffRequest as StateHandoffRequest
-    from .wire.handoff import StateHandoffStatus as StateHandoffStatus
     from .wire.handoff import StateImportContext as StateImportContext
-    from .wire.handoff import StateSource as StateSource
-    from .wire.paths import RUNTIME_DRAIN_BEGIN_PATH as RUNTIME_DRAIN_BEGIN_PATH
-    from .wire.paths import RUNTIME_DRAIN_CURRENT_PATH as RUNTIME_DRAIN_CURRENT_PATH
-    from .wire.paths import RUNTIME_DRAIN_ROLLBACK_PATH as RUNTIME_DRAIN_ROLLBACK_PATH
-    from .wire.paths import RUNTIME_DRAIN_STATUS_PATH as RUNTIME_DRAIN_STATUS_PATH
-    from .wire.paths import RUNTIME_LIVE_PATH as RUNTIME_LIVE_PATH
-    from .wire.paths import RUNTIME_METRICS_PATH as RUNTIME_METRICS_PATH
-    from .wire.paths import RUNTIME_OPENAPI_PATH as RUNTIME_OPENAPI_PATH
-    from .wire.paths import RUNTIME_READY_PATH as RUNTIME_READY_PATH
-    from .wire.paths import RUNTIME_SCHEDULES_STATUS_PATH as RUNTIME_SCHEDULES_STATUS_PATH
-    from .wire.paths import RUNTIME_STATE_BEGIN_PATH as RUNTIME_STATE_BEGIN_PATH
-    from .wire.paths import RUNTIME_STATE_EXPORT_PATH as RUNTIME_STATE_EXPORT_PATH
-    from .wire.paths import RUNTIME_STATE_STATUS_PATH as RUNTIME_STATE_STATUS_PATH
-
-__getattr__, __dir__, __all__ = attach(__name__)

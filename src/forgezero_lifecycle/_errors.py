@@ -12,7 +12,7 @@ checks it) and says in words what its code says (``DrainNotFoundError``,
     ├── DrainError
     │   ├── DrainRequestInvalidError (ValueError)       RUNTIME_DRAIN_REQUEST_INVALID
     │   ├── DrainConflictError (RuntimeError)           RUNTIME_DRAIN_ALREADY_STARTED
-    │   │                                               | _REVISION_MISMATCH
+    │   │                                               | _REVISION_MISMATCH | _SHARED_LISTENER
     │   ├── DrainNotFoundError (LookupError)            RUNTIME_DRAIN_NOT_FOUND
     │   ├── DrainCountersInvalidError (ValueError)      RUNTIME_DRAIN_COUNTERS_INVALID
     │   ├── DrainFailedError (RuntimeError)             RUNTIME_DRAIN_TIMEOUT | _NOT_IDLE | _FAILED
@@ -34,9 +34,11 @@ checks it) and says in words what its code says (``DrainNotFoundError``,
     ├── ControlError    (control-plane HTTP errors, mapped to 4xx by the control app)
     │   ├── UnauthorizedError                           RUNTIME_UNAUTHORIZED
     │   ├── BodyTooLargeError (ValueError)              RUNTIME_BODY_TOO_LARGE
+    │   ├── BodyTimeoutError (ValueError)               RUNTIME_BODY_TIMEOUT
     │   ├── ContentTypeInvalidError (ValueError)        RUNTIME_CONTENT_TYPE
     │   ├── ControlPathNotFoundError (LookupError)      RUNTIME_NOT_FOUND
     │   ├── MethodNotAllowedError                       RUNTIME_METHOD_NOT_ALLOWED (.allow)
+    │   ├── ReloadBusyError (RuntimeError)              RUNTIME_RELOAD_BUSY
     │   ├── ControlUnreachableError (ConnectionError)   RUNTIME_UNREACHABLE (client side only)
     │   └── RemoteError                                 any code this client does not know
     ├── QueueError (RuntimeError)
@@ -64,6 +66,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "BodyTimeoutError",
     "BodyTooLargeError",
     "ConfigurationError",
     "ConnectionClosedByDrainError",
@@ -90,6 +93,7 @@ __all__ = [
     "QueueIntakePausedError",
     "QueueKeyStoppedError",
     "QueueStoppedError",
+    "ReloadBusyError",
     "RemoteError",
     "ScheduleError",
     "ScheduleIntakePausedError",
@@ -144,7 +148,11 @@ class DrainRequestInvalidError(DrainError, ValueError):
 
 
 class DrainConflictError(DrainError, RuntimeError):
-    codes = ("RUNTIME_DRAIN_ALREADY_STARTED", "RUNTIME_DRAIN_REVISION_MISMATCH")
+    codes = (
+        "RUNTIME_DRAIN_ALREADY_STARTED",
+        "RUNTIME_DRAIN_REVISION_MISMATCH",
+        "RUNTIME_DRAIN_SHARED_LISTENER",
+    )
 
 
 class DrainNotFoundError(DrainError, LookupError):
@@ -228,6 +236,12 @@ class BodyTooLargeError(ControlError, ValueError):
     codes = ("RUNTIME_BODY_TOO_LARGE",)
 
 
+class BodyTimeoutError(ControlError, ValueError):
+    """A control body that did not arrive in time (a client trickling it, or one that stalled)."""
+
+    codes = ("RUNTIME_BODY_TIMEOUT",)
+
+
 class ContentTypeInvalidError(ControlError, ValueError):
     codes = ("RUNTIME_CONTENT_TYPE",)
 
@@ -242,6 +256,12 @@ class MethodNotAllowedError(ControlError):
     def __init__(self, allow: str) -> None:
         self.allow = allow
         super().__init__(detail=f"use {allow}")
+
+
+class ReloadBusyError(ControlError, RuntimeError):
+    """A reload while a handover or the stop runs (``serve --workers``)."""
+
+    codes = ("RUNTIME_RELOAD_BUSY",)
 
 
 class ControlUnreachableError(ControlError, ConnectionError):

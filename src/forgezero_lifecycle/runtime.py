@@ -13,11 +13,16 @@ A drain with ``timeoutMs = T`` runs, all inside T (README, "What a drain does"):
 3. the gate and every registered participant (queue, job worker, scheduler) close in one step;
 4. admitted work runs on, responses carry ``Connection: close``;
 5. after ``stream_grace`` (at most half of what is left of T) WebSockets get close 1012 and
-   streaming responses get ``http.disconnect``;
+   streaming responses get ``http.disconnect``, each at its own instant, evenly over
+   ``stream_notice_spread`` seconds (at most half of what is left until step 6's margin);
 6. participants drain; durable jobs still running near the deadline are released, fenced; at
    the same release margin the gate's cutoff gives up on sends still blocked by clients that do
    not read, so their connections are abandoned and counted out before T;
 7. drained when every counter is 0, failed otherwise. Rollback reopens everything.
+
+The steps are :class:`~forgezero_lifecycle.core.steps.DrainSteps`'s, driven by its
+:class:`~forgezero_lifecycle.core.drain.DrainController` (:attr:`Runtime.drain`); the runtime only
+builds and wires them.
 
 Under a server the user runs (``uvicorn myapp:app``, hypercorn, gunicorn with the uvicorn worker)
 the first SIGTERM or SIGINT begins such a drain itself, with a deadline of
@@ -30,25 +35,22 @@ The library reads no environment variables; the CLI maps them to these arguments
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 from starlette.applications import Starlette
 
-from ._clock import Clock, SystemClock, first
-from ._errors import ConfigurationError, DrainFailedError
-from ._events import emit
+from ._clock import Clock, SystemClock
+from ._errors import ConfigurationError
 from ._tokens import check_token_pair
 from .asgi._types import ASGIApp, Scope
 from .asgi.control import ControlApp
 from .asgi.middleware import InFlightMiddleware
 from .asgi.published import Document, PublishedDocuments
-from .core.drain import DrainController
 from .core.gate import IntakeGate
-from .core.participant import WorkParticipant
-from .core.siblings import sibling_pids
+from .core.participant import WorkParticipant, as_participant
 from .core.signal_drain import SignalDrain
+from .core.steps import DrainSteps
 from .wire import paths
 from .wire._protocol import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, is_revision
 
@@ -58,12 +60,9 @@ if TYPE_CHECKING:
     # pydantic, imported where used: the handoff with a state adapter, the wire models on the
     # first drain request (a runtime that is never drained does not load it).
     from .core.handoff import StateAdapter, StateHandoffController
-    from .wire.accepted import Accepted
     from .wire.drain import WorkCounters
 
 __all__ = ["Runtime"]
-
-logger = logging.getLogger("forgezero_lifecycle.runtime")
 
 P = TypeVar("P", bound=WorkParticipant)
 
@@ -71,15 +70,6 @@ P = TypeVar("P", bound=WorkParticipant)
 _SENDABLE_CLOSE_CODES: Final = frozenset(
     (1000, 1001, 1002, 1003, *range(1007, 1015), *range(3000, 5000))
 )
-
-_SIBLINGS_ADVICE: Final = (
-    "a drain reaches only this worker, so it never reports drained; run the app with "
-    "`forgezero-lifecycle serve APP --workers N`, which drains every worker as one generation"
-)
-
-#: Share of the drain deadline kept back so durable jobs are released before it expires.
-_RELEASE_MARGIN_SHARE: Final = 0.1
-_RELEASE_MARGIN_MAX: Final = 1.0
 
 
 @final
@@ -95,6 +85,7 @@ class Runtime:
         state_adapter: StateAdapter[Any] | None = None,
         not_ready_grace: float = 0.0,
         stream_grace: float = 5.0,
+        stream_notice_spread: float = 2.0,
         websocket_close_code: int = 1012,
         retry_after: int = 1,
         exempt: Callable[[Scope], bool] | None = None,
@@ -104,6 +95,7 @@ class Runtime:
         clock: Clock | None = None,
         openapi: bool = False,
         metrics: CollectorRegistry | None = None,
+        handoff_pauses_collector: bool = False,
     ) -> None:
         if control_token is None and not insecure_loopback_control:
             raise ConfigurationError(
@@ -115,25 +107,32 @@ class Runtime:
         if not_ready_grace < 0 or stream_grace < 0:
             raise ConfigurationError(detail="grace periods must be ≥ 0 seconds")
         _check_signal_options(drain_on_signal, signal_drain_timeout)
+        if not isinstance(handoff_pauses_collector, bool):
+            raise ConfigurationError(detail="handoff_pauses_collector must be True or False")
+        _check_notice_spread(stream_notice_spread)
         self.revision = revision
         self.gate = IntakeGate()
         self._clock = clock or SystemClock()
         self._not_ready_grace = not_ready_grace
         self._stream_grace = stream_grace
+        self._notice_spread = float(stream_notice_spread)
         self._close_code = websocket_close_code
         self._retry_after = retry_after
         self._exempt = exempt
         self._participants: list[WorkParticipant] = []
-        self._closed = asyncio.Event()
-        self._closer: asyncio.Task[None] | None = None
         #: True when a ``serve --workers`` supervisor drains this process together with the other
         #: workers on its listening socket; otherwise a drain checks for such siblings itself.
         self.supervised = False
-        self._siblings: tuple[int, ...] = ()
-        self._remote_begin = False
-        self.drain = DrainController(
-            _Dependencies(self), revision=revision, clock=self._clock, detail=self._status_detail
+        self._steps = DrainSteps(
+            self.gate,
+            self._participants,
+            clock=self._clock,
+            revision=revision,
+            not_ready_grace=not_ready_grace,
+            stream_grace=stream_grace,
+            supervised=lambda: self.supervised,
         )
+        self.drain = self._steps.controller
         #: The hook that turns SIGTERM/SIGINT under the user's server into a self-drain.
         self.signal_drain = SignalDrain(
             self.drain, revision=revision, timeout=signal_drain_timeout, enabled=drain_on_signal
@@ -149,6 +148,7 @@ class Runtime:
                 clock=self._clock,
                 revision=revision,
                 prepare_fetch=handoff_token is not None,
+                pause_collector=handoff_pauses_collector,
             )
         self.control = ControlApp(
             drain=self.drain,
@@ -159,7 +159,6 @@ class Runtime:
             handoff_token=handoff_token,
             schedules=self.scheduled_jobs,
             loopback_only=insecure_loopback_control,
-            begin_drain=self._begin_from_control_plane,
         )
         self._published: dict[str, Document] = {}
         if openapi:
@@ -192,11 +191,12 @@ class Runtime:
 
     def add(self, participant: P) -> P:
         """Register memory or durable work (queue, job worker, scheduler) with the drain."""
-        if not isinstance(participant, WorkParticipant):
+        adapted = as_participant(participant)
+        if adapted is None:
             raise ConfigurationError(detail=f"{participant!r} is not a WorkParticipant")
-        self._participants.append(participant)
+        self._participants.append(adapted)
         if not self.gate.is_open:
-            participant.pause_intake()
+            adapted.pause_intake()
         return participant
 
     @property
@@ -247,6 +247,8 @@ class Runtime:
             "websocket_close_code": self._close_code,
             "retry_after": self._retry_after,
             "signals": self.signal_drain if self.signal_drain.pending else None,
+            "notice_spread": self._notice_spread,
+            "notice_room": self._steps.notice_room,
         }
 
     async def aclose(self) -> None:
@@ -259,13 +261,7 @@ class Runtime:
 
         The same word as each participant's ``in_flight()``: the counts a drain waits for.
         """
-        from .wire.drain import WorkCounters
-
-        gate = self.gate.statistics()
-        per_kind = {"jobs": 0, "schedules": 0}
-        for participant in self._participants:
-            per_kind[participant.kind] += participant.in_flight()
-        return WorkCounters(http=gate.http, websocket=gate.websocket, **per_kind)
+        return self._steps.in_flight()
 
     def scheduled_jobs(self) -> list[object]:
         """Every added scheduler's jobs, as ``schedules/v1/status`` lists them."""
@@ -276,109 +272,6 @@ class Runtime:
             if isinstance(participant, SchedulerParticipant):
                 result.extend(job.to_dict() for job in participant.scheduler.statistics().jobs)
         return result
-
-    # The drain's steps, called by _Dependencies.
-
-    def _status_detail(self) -> dict[str, Any] | None:
-        if not self._siblings:
-            return None
-        return {"sharedListener": {"siblingPids": list(self._siblings), "advice": _SIBLINGS_ADVICE}}
-
-    def _begin_from_control_plane(self, request: object) -> Accepted:
-        # A drain request reaches the one process it landed on: with sibling workers on the same
-        # socket, that is part of the server. (A signal reaches every worker: each drains itself.)
-        self._remote_begin = True
-        try:
-            return self.drain.begin(request)
-        finally:
-            self._remote_begin = False
-
-    def _begin(self) -> None:
-        self._siblings = sibling_pids() if self._remote_begin and not self.supervised else ()
-        if self._siblings:
-            logger.error(
-                "drain.partial: this process is one of %d worker processes accepting on the same "
-                "listening socket (siblings: %s); %s",
-                len(self._siblings) + 1,
-                ", ".join(map(str, self._siblings)),
-                _SIBLINGS_ADVICE,
-            )
-        self.gate.begin_draining()
-        emit(logger, logging.INFO, "drain.readiness_off", not_ready_grace_s=self._not_ready_grace)
-        if self._not_ready_grace <= 0:
-            self._close_intake()
-        else:
-            self._closer = asyncio.create_task(self._close_after_grace())
-
-    async def _close_after_grace(self) -> None:
-        await self._clock.sleep(min(self._not_ready_grace, self.drain.timeout / 2))
-        self._close_intake()
-
-    def _close_intake(self) -> None:
-        # One synchronous step: nothing of any kind is admitted once this returns.
-        self.gate.close()
-        for participant in self._participants:
-            participant.pause_intake()
-        self._closed.set()
-        emit(logger, logging.INFO, "drain.intake_closed", elapsed_s=self._elapsed())
-
-    # The deadline is the drain controller's: it holds the request's timeoutMs and its begin.
-
-    def _elapsed(self) -> float:
-        return round(self.drain.elapsed(), 3)
-
-    def _release_margin(self) -> float:
-        return min(_RELEASE_MARGIN_MAX, self.drain.timeout * _RELEASE_MARGIN_SHARE)
-
-    async def _wait_for_requests(self) -> None:
-        if self._siblings:
-            raise DrainFailedError("RUNTIME_DRAIN_FAILED", detail="a drain of part of a server")
-        await self._closed.wait()
-        notice_after = min(self._stream_grace, self.drain.remaining() / 2)
-        if not (await first(self.gate.wait_idle(), self._clock.sleep(notice_after))).cancelled():
-            return
-        emit(
-            logger,
-            logging.INFO,
-            "drain.stream_notice",
-            elapsed_s=self._elapsed(),
-            **self._gate_in_flight(),
-        )
-        self.gate.end_streams()
-        cutoff_after = max(0.0, self.drain.remaining() - self._release_margin())
-        if not (await first(self.gate.wait_idle(), self._clock.sleep(cutoff_after))).cancelled():
-            return
-        # The same margin as durable jobs: sends still blocked by clients that do not read are
-        # given up now, so those connections are counted out before the deadline.
-        emit(
-            logger,
-            logging.WARNING,
-            "drain.cutoff",
-            elapsed_s=self._elapsed(),
-            **self._gate_in_flight(),
-        )
-        self.gate.cut_off()
-        await self.gate.wait_idle()
-
-    def _gate_in_flight(self) -> dict[str, int]:
-        gate = self.gate.statistics()
-        return {"http": gate.http, "websocket": gate.websocket}
-
-    async def _stop_jobs(self) -> None:
-        await self._closed.wait()
-        budget = max(0.0, self.drain.remaining() - self._release_margin())
-        await asyncio.gather(*(p.drain(budget) for p in self._participants))
-
-    def _resume(self) -> None:
-        if self._closer is not None:
-            self._closer.cancel()
-            self._closer = None
-        was_closed = self._closed.is_set()
-        self._closed.clear()
-        self.gate.reopen()
-        if was_closed:
-            for participant in self._participants:
-                participant.resume_intake()
 
 
 def _metrics_endpoint(runtime: Runtime, registry: CollectorRegistry) -> Document:
@@ -401,35 +294,6 @@ def _openapi_document() -> tuple[bytes, str]:
     return document_bytes(), "application/json"
 
 
-@final
-class _Dependencies:
-    """The drain controller's view of the runtime (``RuntimeDrainDependencies``)."""
-
-    __slots__ = ("_runtime",)
-
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
-
-    def drain_requests(self) -> None:
-        self._runtime._begin()
-
-    def wait_for_requests(self) -> Coroutine[Any, Any, None]:
-        return self._runtime._wait_for_requests()
-
-    def stop_jobs(self, timeout_ms: int) -> Coroutine[Any, Any, None]:
-        # timeout_ms is the controller's own deadline, which the runtime reads from it.
-        return self._runtime._stop_jobs()
-
-    def work_counters(self) -> WorkCounters:
-        return self._runtime.in_flight()
-
-    def sleep(self, ms: int) -> Coroutine[Any, Any, None]:
-        return self._runtime._clock.sleep(ms / 1000)
-
-    def resume(self) -> None:
-        self._runtime._resume()
-
-
 def _check_settings(revision: str | None, close_code: int, retry_after: int) -> None:
     """The settings a drain could never work with are refused when the runtime is built."""
     if revision is not None and not is_revision(revision):
@@ -446,6 +310,19 @@ def _check_settings(revision: str | None, close_code: int, retry_after: int) -> 
         raise ConfigurationError(
             detail=f"retry_after must be whole seconds ≥ 0 (the Retry-After header), got "
             f"{retry_after!r}"
+        )
+
+
+def _check_notice_spread(spread: object) -> None:
+    high = MAX_DRAIN_TIMEOUT_MS / 1000
+    if (
+        isinstance(spread, bool)
+        or not isinstance(spread, int | float)
+        or not 0 <= spread <= high  # NaN fails this too
+    ):
+        raise ConfigurationError(
+            detail=f"stream_notice_spread must be 0 to {high:g} seconds (0: every WebSocket and "
+            f"stream is told at once), not {spread!r}"
         )
 
 

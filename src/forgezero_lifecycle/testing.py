@@ -1,7 +1,9 @@
-"""Public test kit: a manual clock, an in-memory job store, an ASGI recorder, loop helpers.
+"""Public test kit: the clocks, an ASGI recorder, loop helpers.
 
-``MemoryJobStore`` keeps the full JobStore contract (fences, leases, transactions that commit or
-roll back with the job) in memory, for tests of code that enqueues or handles durable jobs.
+Every controller whose deadlines a drain depends on takes a :class:`Clock`; :class:`SystemClock`
+is the default and :class:`ManualClock` the one tests drive. For tests of code that enqueues or
+handles durable jobs, :class:`forgezero_lifecycle.jobs.MemoryJobStore` keeps the full JobStore
+contract (fences, leases, transactions that commit or roll back with the job) in memory.
 """
 
 from __future__ import annotations
@@ -9,18 +11,34 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import warnings
 from collections.abc import MutableMapping
 from typing import Any, final
 
-from .jobs.memory import MemoryJobStore as MemoryJobStore
-from .jobs.memory import MemoryTransaction as MemoryTransaction
+from ._clock import Clock as Clock
+from ._clock import SystemClock as SystemClock
 
-__all__ = ["ASGIRecorder", "ManualClock", "MemoryJobStore", "MemoryTransaction", "settle"]
+__all__ = ["ASGIRecorder", "Clock", "ManualClock", "SystemClock", "settle"]
+
+
+def __getattr__(name: str) -> Any:
+    # The in-memory store has one import path, with the other stores.
+    if name in ("MemoryJobStore", "MemoryTransaction"):
+        warnings.warn(
+            f"forgezero_lifecycle.testing.{name} is deprecated: import {name} from "
+            "forgezero_lifecycle.jobs",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from . import jobs
+
+        return getattr(jobs, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @final
 class ManualClock:
-    """A :class:`~forgezero_lifecycle._clock.Clock` that moves only when told to.
+    """A :class:`Clock` that moves only when told to.
 
     ``await clock.sleep(s)`` parks until :meth:`advance` moves time past the wake-up point;
     :meth:`advance` wakes sleepers in time order and lets each run before moving on.

@@ -20,7 +20,7 @@ from ._vectors import counts, expected, vectors
 CANONICAL = vectors("canonical")
 
 
-def test_every_canonical_vector_is_collected() -> None:
+def test_all_vectors_collected() -> None:
     """The parametrized test below runs exactly the vectors the file announces."""
     assert len(CANONICAL) == counts()["canonical"] == 101
 

@@ -133,7 +133,7 @@ DRAIN_BEGIN = vectors("drain_begin")
 DRAIN_SCRIPTS = vectors("drain_sequence", "drain_outcome")
 
 
-def test_every_drain_vector_is_collected() -> None:
+def test_all_vectors_collected() -> None:
     """The suite runs as many vectors as the file declares; none is silently dropped."""
     declared = counts()
     assert len(DRAIN_BEGIN) == declared["drain_begin"]

@@ -65,7 +65,7 @@ def deps() -> Deps:
     return Deps(ManualClock())
 
 
-async def test_drain_reaches_drained_when_work_finishes(deps: Deps) -> None:
+async def test_drained_when_work_done(deps: Deps) -> None:
     """Once requests and jobs are done and every counter is 0, the drain is drained."""
     controller = DrainController(deps)
     controller.begin(request())
@@ -74,7 +74,7 @@ async def test_drain_reaches_drained_when_work_finishes(deps: Deps) -> None:
     assert controller.status(NONCE).status == "drained"
 
 
-async def test_deadline_fails_the_drain_with_the_counters_in_flight(deps: Deps) -> None:
+async def test_deadline_fails_drain(deps: Deps) -> None:
     """Work still running at the deadline ends failed RUNTIME_DRAIN_TIMEOUT, counters kept."""
     controller = DrainController(deps)
     controller.begin(request(timeout_ms=500))
@@ -88,7 +88,7 @@ async def test_deadline_fails_the_drain_with_the_counters_in_flight(deps: Deps) 
     )
 
 
-async def test_rollback_resumes_and_a_fresh_nonce_may_drain_again(deps: Deps) -> None:
+async def test_rollback_then_fresh_nonce(deps: Deps) -> None:
     """Rollback calls resume(), reports rolled-back, and a new nonce starts a new drain."""
     controller = DrainController(deps)
     controller.begin(request())
@@ -108,7 +108,7 @@ async def test_rollback_is_idempotent(deps: Deps) -> None:
     assert deps.calls.count("resume") == 1
 
 
-async def test_a_rolled_back_nonce_cannot_begin_again(deps: Deps) -> None:
+async def test_rolled_back_nonce_refused(deps: Deps) -> None:
     """Nonce reuse after rollback is refused: a new drain needs a fresh nonce."""
     controller = DrainController(deps)
     controller.begin(request())
@@ -118,7 +118,7 @@ async def test_a_rolled_back_nonce_cannot_begin_again(deps: Deps) -> None:
     assert caught.value.code == "RUNTIME_DRAIN_ALREADY_STARTED"
 
 
-async def test_rollback_of_an_unknown_nonce_is_not_found(deps: Deps) -> None:
+async def test_rollback_unknown_nonce(deps: Deps) -> None:
     """Rollback needs the running drain's nonce; anything else is not found and changes nothing."""
     controller = DrainController(deps)
     with pytest.raises(DrainNotFoundError):
@@ -129,7 +129,7 @@ async def test_rollback_of_an_unknown_nonce_is_not_found(deps: Deps) -> None:
     assert deps.calls == ["drain_requests"]
 
 
-async def test_rollback_stops_a_running_drain_from_settling_later(deps: Deps) -> None:
+async def test_rollback_stops_settling(deps: Deps) -> None:
     """After rollback the old drain's deadline no longer turns the status to failed."""
     controller = DrainController(deps)
     controller.begin(request(timeout_ms=500))
@@ -139,7 +139,7 @@ async def test_rollback_stops_a_running_drain_from_settling_later(deps: Deps) ->
     assert controller.status(NONCE).status == "rolled-back"
 
 
-async def test_revision_mismatch_is_refused_before_anything_changes(deps: Deps) -> None:
+async def test_revision_mismatch_refused(deps: Deps) -> None:
     """A runtime that knows its revision refuses a drain aimed at another one (409)."""
     controller = DrainController(deps, revision="1" * 40)
     with pytest.raises(DrainConflictError) as caught:
@@ -154,7 +154,7 @@ async def test_revision_mismatch_is_refused_before_anything_changes(deps: Deps) 
     "body",
     [None, [], "x", 1, {"protocol": "forgezero-drain/v1"}, {**request(), "timeoutMs": "100"}],
 )
-async def test_invalid_requests_change_nothing(deps: Deps, body: object) -> None:
+async def test_invalid_request_no_drain(deps: Deps, body: object) -> None:
     """Anything but a valid request object is RUNTIME_DRAIN_REQUEST_INVALID and no drain starts."""
     controller = DrainController(deps)
     with pytest.raises(DrainRequestInvalidError):
@@ -163,7 +163,7 @@ async def test_invalid_requests_change_nothing(deps: Deps, body: object) -> None
     assert not controller.active
 
 
-async def test_current_finds_the_running_drain_until_it_is_rolled_back(deps: Deps) -> None:
+async def test_current_finds_drain(deps: Deps) -> None:
     """current() needs no nonce: it reports the running drain (drained too), none once serving."""
     controller = DrainController(deps)
     with pytest.raises(DrainNotFoundError, match="serving"):
@@ -179,7 +179,7 @@ async def test_current_finds_the_running_drain_until_it_is_rolled_back(deps: Dep
     assert controller.status(NONCE).status == "rolled-back"
 
 
-async def test_the_controller_owns_the_deadline(deps: Deps) -> None:
+async def test_controller_owns_deadline(deps: Deps) -> None:
     """timeout and remaining() come from the request begun, on the controller's clock."""
     controller = DrainController(deps, clock=deps.clock)
     assert controller.timeout == 0.0
@@ -189,3 +189,19 @@ async def test_the_controller_owns_the_deadline(deps: Deps) -> None:
     assert controller.remaining() == 1.5
     await deps.clock.advance(5)
     assert controller.remaining() == 0.0
+
+
+async def test_drain_records_origin(deps: Deps, caplog: pytest.LogCaptureFixture) -> None:
+    """begin's origin is the drain's, read by the dependencies and logged with drain.begin."""
+    controller = DrainController(deps)
+    assert controller.origin == "control"
+    with caplog.at_level("INFO", logger="forgezero_lifecycle.drain"):
+        controller.begin(request(), origin="signal")
+    assert controller.origin == "signal"
+    assert any(
+        "drain.begin" in r.getMessage() and "origin=signal" in r.getMessage()
+        for r in caplog.records
+    )
+    controller.rollback(NONCE)
+    controller.begin(request(OTHER))
+    assert controller.origin == "control"

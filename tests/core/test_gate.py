@@ -14,7 +14,7 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.mark.parametrize("seed", range(20))
-async def test_no_unit_is_admitted_after_close_returns(seed: int) -> None:
+async def test_no_admission_after_close(seed: int) -> None:
     """However admissions interleave with close(), none succeeds once close() has returned."""
     rng = random.Random(seed)
     gate = IntakeGate()
@@ -39,7 +39,7 @@ async def test_no_unit_is_admitted_after_close_returns(seed: int) -> None:
     assert stats.http + stats.websocket == log.count("admitted")
 
 
-async def test_wait_idle_wakes_when_the_last_unit_is_released() -> None:
+async def test_wait_idle_wakes_on_release() -> None:
     """wait_idle() is an event: it returns at the release of the last unit, not by polling."""
     gate = IntakeGate()
     assert gate.try_admit("http")
@@ -53,7 +53,7 @@ async def test_wait_idle_wakes_when_the_last_unit_is_released() -> None:
     assert waiter.done()
 
 
-async def test_reopen_admits_again_and_withdraws_the_stream_notice() -> None:
+async def test_reopen_admits_again() -> None:
     """Rollback reopens the gate: admission resumes and the notice and draining flags clear."""
     gate = IntakeGate()
     gate.close()
@@ -68,7 +68,7 @@ async def test_reopen_admits_again_and_withdraws_the_stream_notice() -> None:
     assert (stats.http, stats.websocket) == (1, 0)
 
 
-async def test_begin_draining_keeps_admitting() -> None:
+async def test_draining_still_admits() -> None:
     """Readiness off (not-ready grace) still admits; only close() refuses."""
     gate = IntakeGate()
     gate.begin_draining()
@@ -76,7 +76,7 @@ async def test_begin_draining_keeps_admitting() -> None:
     assert gate.try_admit("http")
 
 
-async def test_draining_event_is_set_and_cleared_with_the_draining_flag() -> None:
+async def test_draining_event_tracks_flag() -> None:
     """One fact: begin_draining and close set the event with the flag, reopen clears both."""
     gate = IntakeGate()
     assert not gate.draining_event.is_set()
@@ -88,7 +88,7 @@ async def test_draining_event_is_set_and_cleared_with_the_draining_flag() -> Non
     assert (gate.draining, gate.draining_event.is_set()) == (True, True)
 
 
-async def test_members_of_a_running_set_count_as_admitted_requests() -> None:
+async def test_running_set_members_count() -> None:
     """A running set's members are HTTP requests in flight: in the statistics, and wait_idle()
     waits for them as for units admitted by try_admit()."""
     gate = IntakeGate()
@@ -113,7 +113,7 @@ async def test_members_of_a_running_set_count_as_admitted_requests() -> None:
     assert gate.statistics().http == 0
 
 
-async def test_serving_is_open_and_not_draining() -> None:
+async def test_serving_open_not_draining() -> None:
     """The one test a running set's owner makes before it adds a member follows every moment."""
     gate = IntakeGate()
     assert gate.serving
@@ -129,7 +129,7 @@ async def test_serving_is_open_and_not_draining() -> None:
     assert gate.serving
 
 
-async def test_wait_idle_outside_a_drain_wakes_for_running_set_members_too() -> None:
+async def test_wait_idle_outside_drain() -> None:
     """waiting_idle tells the owner to call released() whether or not a drain is on."""
     gate = IntakeGate()
     running = gate.running_set()
@@ -145,7 +145,7 @@ async def test_wait_idle_outside_a_drain_wakes_for_running_set_members_too() -> 
     assert waiter.done()
 
 
-async def test_a_wait_idle_given_up_leaves_nobody_waiting() -> None:
+async def test_wait_idle_given_up() -> None:
     """A wait_idle() cancelled (a drain that timed out, say) takes its waiter with it: the
     request path stops calling released() at once, not at the next time the gate goes idle."""
     gate = IntakeGate()

@@ -9,14 +9,16 @@ from forgezero_lifecycle.core.gate import DrainMoment, IntakeGate
 pytestmark = pytest.mark.anyio
 
 
-async def test_each_moment_is_told_once_per_drain_in_order() -> None:
-    """draining once (begin_draining then close), then notice, then cutoff; again after reopen.
-    No await in between: each watcher has run before the call returns."""
+async def test_moments_told_once_in_order() -> None:
+    """draining once (begin_draining then close), closed once (a second close tells nothing),
+    then notice, then cutoff; again after reopen. No await in between: each watcher has run
+    before the call returns."""
     gate = IntakeGate()
     told: list[tuple[DrainMoment, bool, bool]] = []
     gate.watch(lambda moment: told.append((moment, gate.draining, gate.notice.is_set())))
 
     gate.begin_draining()
+    gate.close()
     gate.close()
     gate.end_streams()
     gate.cut_off()
@@ -25,7 +27,9 @@ async def test_each_moment_is_told_once_per_drain_in_order() -> None:
 
     assert told == [
         ("draining", True, False),
+        ("closed", True, False),
         ("notice", True, True),
         ("cutoff", True, True),
         ("draining", True, False),
+        ("closed", True, False),
     ]

@@ -170,7 +170,7 @@ class WithGenericSecret(BaseModel):
 
 
 @pytest.mark.parametrize("model", [Inner, WithInner, WithDataclass, WithGenericSecret])
-def test_adapter_with_a_secret_field_is_refused(model: type[BaseModel]) -> None:
+def test_secret_field_refused(model: type[BaseModel]) -> None:
     """A SecretStr/SecretBytes/Secret field at any depth refuses the adapter at construction."""
     with pytest.raises(StateInputInvalidError) as caught:
         StateHandoffController(Adapter(model=model))
@@ -178,7 +178,7 @@ def test_adapter_with_a_secret_field_is_refused(model: type[BaseModel]) -> None:
     assert "secret" in str(caught.value)
 
 
-def test_adapter_limits_are_checked_at_construction() -> None:
+def test_adapter_limits_checked() -> None:
     """maximum_bytes above 1 MiB and a model that is not pydantic are refused."""
     for adapter in (
         Adapter(maximum_bytes=1_048_577),
@@ -191,7 +191,7 @@ def test_adapter_limits_are_checked_at_construction() -> None:
 # -- export, then import over a real socket ----------------------------------------------------
 
 
-async def test_export_then_import_round_trip_over_loopback() -> None:
+async def test_loopback_round_trip() -> None:
     """A typed value exported by one generation is imported, equal, by the next, exactly once."""
     exporter = StateHandoffController(Adapter(value=cart()))
     envelope = await exporter.export_state(SRC, TGT)
@@ -211,7 +211,7 @@ async def test_export_then_import_round_trip_over_loopback() -> None:
     assert envelope.digest == state_digest(unsigned)
 
 
-async def test_import_does_not_coerce_values() -> None:
+async def test_import_never_coerces() -> None:
     """The value is validated strictly as JSON: "2" is not an int, even if lax pydantic takes it."""
     envelope = await StateHandoffController(Adapter(value=cart())).export_state(SRC, TGT)
     data = envelope.model_dump(mode="json")
@@ -224,7 +224,7 @@ async def test_import_does_not_coerce_values() -> None:
     assert adapter.imported == []
 
 
-async def test_a_state_that_exports_at_the_limit_imports() -> None:
+async def test_state_at_limit_imports() -> None:
     """Size symmetry: canonical size == maximum_bytes exports, and imports even pretty-printed."""
     probe = Adapter(value=cart(), maximum_bytes=1_048_576)
     envelope = await StateHandoffController(probe).export_state(SRC, TGT)
@@ -254,7 +254,7 @@ class Counter(BaseModel):
         return str(count)  # serialises as "7": strict JSON validation would refuse it
 
 
-async def test_export_refuses_a_value_that_could_not_be_imported() -> None:
+async def test_export_refuses_unimportable() -> None:
     """An exported value whose JSON does not validate as its own model is EXPORT_INVALID."""
     adapter = Adapter(value=Counter(count=7), model=Counter)
     with pytest.raises(StateExportError, match="RUNTIME_STATE_EXPORT_INVALID"):
@@ -273,7 +273,7 @@ class Checked(BaseModel):
         return self
 
 
-async def test_the_import_check_runs_once_for_the_same_value_json() -> None:
+async def test_import_check_runs_once() -> None:
     """Exporting the same value's JSON again does not validate it again: those exact bytes
     already validated as the model. Another value's JSON is validated before it is served."""
     value = Checked(count=7)
@@ -289,7 +289,7 @@ async def test_the_import_check_runs_once_for_the_same_value_json() -> None:
     assert Checked.validations == [7, 8]
 
 
-async def test_a_value_changed_after_an_export_is_checked_again() -> None:
+async def test_changed_value_rechecked() -> None:
     """A value that exported, then changed (unvalidated assignment) into JSON its model
     refuses, is EXPORT_INVALID: the check is skipped only for bytes that passed it."""
     value = Counted(count=7)
@@ -306,7 +306,7 @@ class Counted(BaseModel):
     count: Annotated[int, Field(ge=0)]
 
 
-async def test_the_served_document_is_the_canonical_json_of_the_envelope() -> None:
+async def test_served_document_canonical() -> None:
     """export_document gives exactly canonical_json(envelope), and its digest verifies."""
     from forgezero_lifecycle._canonical import canonical_json, state_digest
 
@@ -427,7 +427,7 @@ async def test_source_failures_are_codes(response: bytes, failure: str) -> None:
     assert adapter.imported == []
 
 
-async def test_refused_connection_is_unreachable() -> None:
+async def test_refused_is_unreachable() -> None:
     """Nothing listening on the port: SOURCE_UNREACHABLE, and nothing imported."""
     async with source(lambda target: None) as (port, _):
         pass
@@ -435,7 +435,7 @@ async def test_refused_connection_is_unreachable() -> None:
     assert (status.status, status.failure) == ("failed", "RUNTIME_STATE_SOURCE_UNREACHABLE")
 
 
-async def test_deadline_on_the_injected_clock() -> None:
+async def test_deadline_on_injected_clock() -> None:
     """A source that never answers fails TIMEOUT when the clock passes timeoutMs."""
     clock = ManualClock()
     adapter = Adapter()
@@ -451,7 +451,7 @@ async def test_deadline_on_the_injected_clock() -> None:
     assert targets == ["/export"]
 
 
-async def test_duplicate_after_acknowledgement_does_not_fetch_again() -> None:
+async def test_duplicate_after_ack_no_fetch() -> None:
     """An exact retry is a duplicate even once settled; the value is imported exactly once."""
     envelope = await StateHandoffController(Adapter(value=cart())).export_state(SRC, TGT)
     body = json.dumps(envelope.model_dump(mode="json")).encode()
@@ -466,7 +466,7 @@ async def test_duplicate_after_acknowledgement_does_not_fetch_again() -> None:
     assert len(adapter.imported) == 1
 
 
-async def test_aclose_cancels_a_pending_fetch() -> None:
+async def test_aclose_cancels_fetch() -> None:
     """Closing the controller ends a fetch still in flight as failed, not pending forever."""
     async with source(lambda target: None) as (port, targets):
         controller = StateHandoffController(Adapter())
@@ -478,13 +478,13 @@ async def test_aclose_cancels_a_pending_fetch() -> None:
         controller.status(NONCE[::-1])
 
 
-def test_the_token_never_shows_in_a_repr() -> None:
+def test_token_not_in_repr() -> None:
     """A logged request does not leak the bearer token."""
     parsed = StateHandoffRequest.model_validate(request(1))
     assert AUTHORIZATION.split()[1] not in repr(parsed)
 
 
-def test_failure_text_counts_code_points() -> None:
+def test_failure_text_code_points() -> None:
     """D9: 128 code points; a surrogate pair held as two code units is one and never split."""
     assert failure_text("y" * 127 + "😀 and more") == "y" * 127 + "😀"
     assert failure_text("y" * 127 + "\ud83d\ude00 and more") == "y" * 127 + "\ud83d\ude00"
@@ -496,7 +496,7 @@ def test_failure_text_counts_code_points() -> None:
     [2**20 + 1, 1 << 20_000, 0, -1, 1.5, True, "1024"],
     ids=["over-1MiB", "20000-bit-int", "zero", "negative", "fraction", "bool", "string"],
 )
-def test_an_adapter_with_an_impossible_size_limit_is_refused_with_its_code(
+def test_bad_size_limit_refused(
     maximum_bytes: object,
 ) -> None:
     """Any bad maximum_bytes, however large, is RUNTIME_STATE_ADAPTER_INVALID, never a crash."""
@@ -526,7 +526,7 @@ def test_an_adapter_with_an_impossible_size_limit_is_refused_with_its_code(
     assert caught.value.code == "RUNTIME_STATE_ADAPTER_INVALID"
 
 
-async def test_a_fetch_not_prepared_is_built_by_the_first_handoff() -> None:
+async def test_lazy_fetch_built_on_begin() -> None:
     """``prepare_fetch=False`` defers the transport to ``begin``; the handoff still completes."""
     envelope = await StateHandoffController(Adapter(value=cart())).export_state(SRC, TGT)
     body = json.dumps(envelope.model_dump(mode="json")).encode()
@@ -556,7 +556,7 @@ print("httpx" in sys.modules)
 """
 
 
-def test_a_controller_that_does_not_prepare_the_fetch_does_not_import_httpx() -> None:
+def test_unprepared_no_httpx_import() -> None:
     """httpx is loaded by the first controller that prepares its fetch, not before."""
     done = subprocess.run(
         [sys.executable, "-c", _UNPREPARED], capture_output=True, text=True, timeout=60, check=False

@@ -34,7 +34,7 @@ def _closed_port() -> int:
     return port
 
 
-def test_the_first_fetch_imports_nothing_the_transport_did_not_load() -> None:
+def test_first_fetch_imports_nothing() -> None:
     """A fresh process (a new generation) loads what a fetch needs when it builds the transport,
     at start-up, so the first handoff never waits for an import (anyio's backend: ~20 ms)."""
     done = subprocess.run(
@@ -57,7 +57,7 @@ print("rich" in sys.modules)
 """
 
 
-def test_the_fetch_imports_httpx_without_its_command_line_client() -> None:
+def test_fetch_skips_httpx_cli() -> None:
     """httpx's CLI (rich and pygments, installed here by the dev tools) is not loaded by the
     fetch, and ``import httpx._main`` still works afterwards."""
     done = subprocess.run(

@@ -1,9 +1,11 @@
-"""What sealing and opening a state leave behind is freed off the way to the answer, and nothing
-stays.
+"""What sealing and opening a state leave behind is freed, and nothing stays.
 
-The export's dumped value and the import check's typed value are freed once the export's last
-byte is sent, and sit in the collector's oldest generation meanwhile, so no young collection
-scans them. The new generation's parsed envelope is freed before its value is validated.
+With the collector setting on (``handoff_pauses_collector``), the export's dumped value and the
+import check's typed value are freed once the export's last byte is sent, and are past the
+collector's young generation meanwhile, so no young collection scans them; with it off (the
+default) they are freed inside the sealing step. The new generation's parsed envelope is freed
+before its value is validated. The tests touch the process's collector on purpose
+(tests/core/_collector.py says what they read).
 """
 
 from __future__ import annotations
@@ -22,14 +24,14 @@ import httpx
 import pytest
 from pydantic import BaseModel, model_validator
 
-from forgezero_lifecycle._errors import StateExportError
+from forgezero_lifecycle._errors import ConfigurationError, StateExportError
 from forgezero_lifecycle.asgi._types import Message
 from forgezero_lifecycle.core._codec import Leftovers, StateCodec
 from forgezero_lifecycle.core.handoff import StateHandoffController
 from forgezero_lifecycle.runtime import Runtime
 from forgezero_lifecycle.wire import paths
 from forgezero_lifecycle.wire.handoff import StateHandoffRequest, StateImportContext
-from tests.core._collector import in_oldest_generation
+from tests.core._collector import in_young_generation, nothing_frozen
 
 pytestmark = pytest.mark.anyio
 
@@ -99,22 +101,34 @@ def parsed_envelopes() -> int:
 
 
 @pytest.mark.usefixtures("collector_enabled")
-def test_sealing_leaves_the_check_value_to_the_holder_unscanned() -> None:
-    """Given a holder, sealing leaves the check's typed value (and the dumped value) in it, in
-    the oldest generation, until it is dropped; dropping frees it."""
-    codec = StateCodec.of(Adapter())
+def test_seal_frees_by_default() -> None:
+    """Without the collector setting, a holder stays empty: young, the leftovers would be
+    scanned by every collection until dropped, so the step frees them itself."""
     leftovers = Leftovers()
+    StateCodec.of(Adapter()).seal_document(CURSOR, table(), SRC, TGT, leftovers=leftovers)
+    assert len(Table.built) == 1
+    assert checked() == []
+    assert len(leftovers) == 0
+
+
+@pytest.mark.usefixtures("collector_enabled")
+def test_seal_leaves_value_held() -> None:
+    """With the collector setting, sealing leaves the check's typed value (and the dumped value)
+    in a holder, past the young generation, until it is dropped; dropping frees it."""
+    codec = StateCodec.of(Adapter(), pause_collector=True)
+    leftovers = Leftovers()
+    nothing_frozen()
     codec.seal_document(CURSOR, table(), SRC, TGT, leftovers=leftovers)
     [value] = checked()
     assert len(leftovers) == 2
-    assert in_oldest_generation(value)
+    assert not in_young_generation(value)
     del value
     leftovers.drop()
     assert len(leftovers) == 0
     assert checked() == []
 
 
-def test_without_a_holder_the_check_value_dies_in_the_step() -> None:
+def test_no_holder_value_dies() -> None:
     """No holder: the check's typed value is freed before sealing returns."""
     StateCodec.of(Adapter()).seal_document(CURSOR, table(), SRC, TGT)
     assert len(Table.built) == 1
@@ -122,10 +136,10 @@ def test_without_a_holder_the_check_value_dies_in_the_step() -> None:
 
 
 @pytest.mark.usefixtures("collector_enabled")
-def test_an_export_refused_as_too_large_leaves_nothing_held() -> None:
+def test_too_large_holds_nothing() -> None:
     """A seal that fails (the state is over its limit) keeps nothing for later: what it made
     dies with the step, as without a holder."""
-    codec = StateCodec.of(Adapter(maximum_bytes=1_024))
+    codec = StateCodec.of(Adapter(maximum_bytes=1_024), pause_collector=True)
     leftovers = Leftovers()
     with pytest.raises(StateExportError) as refused:
         codec.seal_document(CURSOR, table(), SRC, TGT, leftovers=leftovers)
@@ -138,10 +152,10 @@ def test_an_export_refused_as_too_large_leaves_nothing_held() -> None:
 
 
 @pytest.mark.usefixtures("collector_enabled")
-def test_an_app_that_froze_objects_frees_the_leftovers_in_the_step() -> None:
+def test_frozen_app_frees_inline() -> None:
     """Where the held objects could not skip the young collections (the app froze objects
     itself), sealing frees them inline and the holder stays empty."""
-    codec = StateCodec.of(Adapter())
+    codec = StateCodec.of(Adapter(), pause_collector=True)
     leftovers = Leftovers()
     gc.freeze()
     try:
@@ -152,10 +166,11 @@ def test_an_app_that_froze_objects_frees_the_leftovers_in_the_step() -> None:
     assert len(leftovers) == 0
 
 
-def test_holding_again_lets_go_of_what_was_held() -> None:
+def test_holding_again_frees_first() -> None:
     """The holder is one-shot: a second step's leftovers replace the first's, which are freed."""
-    codec = StateCodec.of(Adapter())
+    codec = StateCodec.of(Adapter(), pause_collector=True)
     leftovers = Leftovers()
+    nothing_frozen()
     codec.seal_document(CURSOR, table("a"), SRC, TGT, leftovers=leftovers)
     codec.seal_document(CURSOR, table("b"), SRC, TGT, leftovers=leftovers)
     assert len(checked()) == 1
@@ -165,11 +180,12 @@ def test_holding_again_lets_go_of_what_was_held() -> None:
 # -- the old generation: after the export's last byte ----------------------------------------------
 
 
-async def test_export_document_keeps_the_leftovers_until_release_export() -> None:
+async def test_export_holds_until_release() -> None:
     """export_document returns with the check's typed value still held; release_export frees
     it, and so do the next export and aclose."""
     adapter = Adapter(value=table())
-    controller = StateHandoffController(adapter)
+    controller = StateHandoffController(adapter, pause_collector=True)
+    nothing_frozen()
     await controller.export_document(SRC, TGT)
     assert len(checked()) == 1
     controller.release_export()
@@ -187,12 +203,16 @@ async def test_export_document_keeps_the_leftovers_until_release_export() -> Non
     assert checked() == []
 
 
-async def test_the_export_endpoint_frees_the_leftovers_after_the_last_byte() -> None:
+async def test_endpoint_frees_after_body() -> None:
     """Through the control plane: the check's typed value is alive while the body is sent,
     and freed once the response is complete, on the event loop (not in a worker thread)."""
     runtime = Runtime(
-        control_token=CONTROL_TOKEN, handoff_token=HANDOFF_TOKEN, state_adapter=Adapter(table())
+        control_token=CONTROL_TOKEN,
+        handoff_token=HANDOFF_TOKEN,
+        state_adapter=Adapter(table()),
+        handoff_pauses_collector=True,
     )
+    nothing_frozen()
     transport = httpx.ASGITransport(app=runtime.control)
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
         begin = {
@@ -243,6 +263,29 @@ async def test_the_export_endpoint_frees_the_leftovers_after_the_last_byte() -> 
     await runtime.aclose()
 
 
+async def test_default_export_keeps_none() -> None:
+    """Without the collector setting, export_document returns with nothing of the step's
+    alive: there is nothing for release_export to free."""
+    controller = StateHandoffController(Adapter(value=table()))
+    await controller.export_document(SRC, TGT)
+    assert len(Table.built) == 1
+    assert checked() == []
+    await controller.aclose()
+
+
+def test_collector_setting_is_bool() -> None:
+    """Anything but True or False is refused when the runtime is built."""
+    with pytest.raises(ConfigurationError) as refused:
+        Runtime(
+            control_token=CONTROL_TOKEN,
+            state_adapter=Adapter(),
+            # Wrong on purpose: construction must refuse a non-bool.
+            handoff_pauses_collector="yes",  # type: ignore[arg-type]
+        )
+    assert refused.value.code == "RUNTIME_CONFIG_INVALID"
+    assert "handoff_pauses_collector" in str(refused.value)
+
+
 # -- the new generation: before the validation ------------------------------------------------
 
 
@@ -278,7 +321,7 @@ async def serving(document: bytes) -> AsyncIterator[int]:
         await server.wait_closed()
 
 
-def test_open_body_frees_the_parsed_envelope_before_validating_the_value() -> None:
+def test_open_body_frees_envelope() -> None:
     """Once its canonical JSON is made, the parsed envelope is freed: the typed value is built
     in the memory it leaves, and none of it outlives the step."""
     _, document = StateCodec.of(Adapter()).seal_document(CURSOR, table(), SRC, TGT)
@@ -290,7 +333,7 @@ def test_open_body_frees_the_parsed_envelope_before_validating_the_value() -> No
     assert value.rows[-1] == "row-499"
 
 
-def test_open_leaves_the_callers_envelope_as_it_was() -> None:
+def test_open_keeps_callers_envelope() -> None:
     """open() of an envelope the caller parsed validates it without emptying it."""
     _, document = StateCodec.of(Adapter()).seal_document(CURSOR, table(), SRC, TGT)
     envelope = json.loads(document)
@@ -300,7 +343,7 @@ def test_open_leaves_the_callers_envelope_as_it_was() -> None:
     assert value.rows == envelope["value"]["rows"]
 
 
-async def test_an_acknowledged_handoff_keeps_no_parsed_envelope() -> None:
+async def test_handoff_keeps_no_envelope() -> None:
     """Over a real socket: the value is validated with no parsed envelope alive, and the
     acknowledged handoff keeps none."""
     exporter = StateHandoffController(Adapter(value=table()))
@@ -319,7 +362,7 @@ async def test_an_acknowledged_handoff_keeps_no_parsed_envelope() -> None:
     await importer.aclose()
 
 
-async def test_a_failed_handoff_frees_the_parsed_envelope_too() -> None:
+async def test_failed_handoff_keeps_none() -> None:
     """A handoff that fails after the envelope was read (a digest mismatch) keeps none of it."""
     exporter = StateHandoffController(Adapter(value=table()))
     document = await exporter.export_document(SRC, TGT)

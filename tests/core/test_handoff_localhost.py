@@ -71,7 +71,7 @@ def localhost_resolves_to_rogue(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("localhost_resolves_to_rogue")
-async def test_localhost_goes_to_127_0_0_1_whatever_the_resolver_says(rogue: Recorder) -> None:
+async def test_localhost_is_127_0_0_1(rogue: Recorder) -> None:
     """The request (and token) reach 127.0.0.1 with Host: localhost; 127.0.0.2 sees nothing."""
     honest = Recorder("127.0.0.1", rogue.port)
     try:
@@ -87,7 +87,7 @@ async def test_localhost_goes_to_127_0_0_1_whatever_the_resolver_says(rogue: Rec
 
 
 @pytest.mark.usefixtures("localhost_resolves_to_rogue")
-async def test_nothing_on_loopback_literals_is_unreachable_not_the_resolved_address(
+async def test_no_loopback_listener_fails(
     rogue: Recorder,
 ) -> None:
     """With no listener on 127.0.0.1 or [::1] the fetch fails; the token never leaves."""

@@ -63,13 +63,13 @@ REFUSED = [
 
 
 @pytest.mark.parametrize(("raw", "fetched"), ACCEPTED.items())
-def test_loopback_urls_are_normalised_as_whatwg_does(raw: str, fetched: str) -> None:
+def test_loopback_urls_whatwg(raw: str, fetched: str) -> None:
     """The string fetched is the WHATWG serialisation of the source URL."""
     assert loopback_source(raw) == fetched
 
 
 @pytest.mark.parametrize("raw", REFUSED)
-def test_other_urls_are_source_invalid(raw: str) -> None:
+def test_other_urls_invalid(raw: str) -> None:
     """Anything that does not serialise to http on a loopback name is SOURCE_INVALID."""
     with pytest.raises(StateInputInvalidError) as caught:
         loopback_source(raw)
@@ -93,33 +93,33 @@ def test_other_urls_are_source_invalid(raw: str) -> None:
         b"[" * 100_000,
     ],
 )
-def test_bodies_that_are_not_strict_json_objects_are_envelope_invalid(body: bytes) -> None:
+def test_non_strict_json_invalid(body: bytes) -> None:
     """D6: strict UTF-8 and strict JSON with an object at the top level."""
     with pytest.raises(StateTransferFailedError) as caught:
         parse_document(body)
     assert caught.value.code == "RUNTIME_STATE_ENVELOPE_INVALID"
 
 
-def test_bodies_parse_what_json_parse_accepts() -> None:
+def test_bodies_parse_as_json_parse() -> None:
     """One BOM, lone surrogate escapes, big integers and doubles beyond range, as JSON.parse."""
     document = parse_document(b'\xef\xbb\xbf {"k\\ud800":[1e400,' + b"9" * 500 + b",1.0,-0]}\r\n")
     assert document == {"k\ud800": [float("inf"), float("inf"), 1.0, 0]}
 
 
-def test_inflater_never_outputs_more_than_the_room_left() -> None:
+def test_inflater_bounded_by_room() -> None:
     """One compressed chunk that would inflate to 64 MiB yields at most room + 1 bytes."""
     inflater = _Inflater("gzip")
     assert len(inflater.feed(gzip.compress(bytes(64 << 20)), 1000)) == 1001
 
 
-def test_inflater_reads_concatenated_gzip_members() -> None:
+def test_inflater_reads_members() -> None:
     """Two gzip members in one body decode to both parts, as zlib in Node does."""
     inflater = _Inflater("gzip")
     assert inflater.feed(gzip.compress(b"ab") + gzip.compress(b"cd"), 100) == b"abcd"
     assert inflater.finished
 
 
-def test_the_ascii_shortcut_of_the_host_mapping_is_idnas_mapping() -> None:
+def test_ascii_host_mapping_is_idna() -> None:
     """For every ASCII code point, the host mapping without idna is idna's UTS #46 mapping."""
     import idna
 

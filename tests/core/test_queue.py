@@ -59,7 +59,7 @@ async def _boom() -> None:
 
 
 @pytest.mark.anyio
-async def test_run_returns_the_handler_result_and_raises_its_exception() -> None:
+async def test_run_is_transparent() -> None:
     """`run` is transparent: the handler's value comes back, its exception propagates."""
     queue = KeyedQueue()
     assert await queue.run("k", _ok, 7) == 7
@@ -110,9 +110,7 @@ class _OrderTracker:
     ),
     width=st.integers(1, 4),
 )
-async def test_same_key_runs_in_submission_order_under_random_interleavings(
-    plan: list[tuple[int, int, int]], width: int
-) -> None:
+async def test_same_key_keeps_order(plan: list[tuple[int, int, int]], width: int) -> None:
     """Per key, handlers start in submission order and never overlap; at most width run."""
     queue = KeyedQueue(width=width)
     tracker = _OrderTracker()
@@ -143,9 +141,7 @@ _OPS = st.lists(
 @pytest.mark.anyio
 @settings(max_examples=75, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=_OPS, width=st.integers(1, 3))
-async def test_order_and_width_hold_while_the_queue_and_keys_are_paused_and_resumed(
-    ops: list[tuple[str, int, int]], width: int
-) -> None:
+async def test_order_holds_across_pauses(ops: list[tuple[str, int, int]], width: int) -> None:
     """Random pause/resume of the queue and of keys never reorders, overlaps or loses a task."""
     queue = KeyedQueue(width=width)
     tracker = _OrderTracker()
@@ -176,7 +172,7 @@ async def test_order_and_width_hold_while_the_queue_and_keys_are_paused_and_resu
 
 
 @pytest.mark.anyio
-async def test_different_keys_run_in_parallel_bounded_by_width() -> None:
+async def test_keys_parallel_up_to_width() -> None:
     """Four keys on a width-2 queue: two run, two wait, and the waiters start as slots free."""
     queue = KeyedQueue(width=2)
     blocker = Blocker()
@@ -195,7 +191,7 @@ async def test_different_keys_run_in_parallel_bounded_by_width() -> None:
 
 
 @pytest.mark.anyio
-async def test_pause_holds_accepted_submissions_until_resume() -> None:
+async def test_pause_holds_until_resume() -> None:
     """`pause` accepts new work but starts none of it; `resume` starts it."""
     queue = KeyedQueue()
     queue.pause()
@@ -209,7 +205,7 @@ async def test_pause_holds_accepted_submissions_until_resume() -> None:
 
 
 @pytest.mark.anyio
-async def test_pause_key_holds_only_that_key_and_lets_its_running_task_finish() -> None:
+async def test_pause_key_holds_that_key() -> None:
     """A paused key keeps its queue; other keys run; the running task of the key finishes."""
     queue = KeyedQueue()
     blocker = Blocker()
@@ -234,7 +230,7 @@ async def test_pause_key_holds_only_that_key_and_lets_its_running_task_finish() 
 
 
 @pytest.mark.anyio
-async def test_a_key_paused_while_waiting_for_a_slot_does_not_take_the_freed_slot() -> None:
+async def test_paused_key_skips_free_slot() -> None:
     """A paused key keeps waiting when a slot frees up, even with nothing else queued."""
     queue = KeyedQueue(width=1)
     blocker = Blocker()
@@ -253,7 +249,7 @@ async def test_a_key_paused_while_waiting_for_a_slot_does_not_take_the_freed_slo
 
 
 @pytest.mark.anyio
-async def test_a_key_paused_and_resumed_while_waiting_never_runs_two_tasks_at_once() -> None:
+async def test_key_pause_resume_no_overlap() -> None:
     """Pausing and resuming a waiting key cannot hand it a second slot while it runs."""
     queue = KeyedQueue(width=2)
     blocker = Blocker()
@@ -274,7 +270,7 @@ async def test_a_key_paused_and_resumed_while_waiting_never_runs_two_tasks_at_on
 
 
 @pytest.mark.anyio
-async def test_stop_key_refuses_new_work_for_that_key_while_its_queued_work_runs() -> None:
+async def test_stop_key_refuses_new_work() -> None:
     """`stop_key` refuses new submissions for one key only; already queued ones still run."""
     queue = KeyedQueue()
     blocker = Blocker()
@@ -305,7 +301,7 @@ async def test_stop_key_refuses_new_work_for_that_key_while_its_queued_work_runs
         (False, False, True, QueueKeyStoppedError),
     ],
 )
-async def test_refusals_follow_the_seed_precedence(
+async def test_refusal_precedence(
     stop: bool, pause_intake: bool, stop_key: bool, expected: type[Exception]
 ) -> None:
     """Stopped wins over intake paused, which wins over a stopped key."""
@@ -322,7 +318,7 @@ async def test_refusals_follow_the_seed_precedence(
 
 
 @pytest.mark.anyio
-async def test_refused_submissions_leave_no_task_future_or_warning_behind() -> None:
+async def test_refusal_leaves_nothing() -> None:
     """A refusal raises at the await; no task is created and nothing warns at collection."""
     queue = KeyedQueue()
     queue.pause_intake()
@@ -341,7 +337,7 @@ async def test_refused_submissions_leave_no_task_future_or_warning_behind() -> N
 
 
 @pytest.mark.anyio
-async def test_intake_pause_then_wait_idle_then_resume_is_an_exact_reversible_boundary() -> None:
+async def test_intake_pause_is_reversible() -> None:
     """While intake is paused accepted work finishes, wait_idle returns, and resume reopens."""
     queue = KeyedQueue()
     blocker = Blocker()
@@ -366,7 +362,7 @@ async def test_intake_pause_then_wait_idle_then_resume_is_an_exact_reversible_bo
 
 
 @pytest.mark.anyio
-async def test_resume_intake_after_stop_does_nothing() -> None:
+async def test_resume_after_stop_refuses() -> None:
     """Stop is final: resuming intake afterwards keeps refusing with QueueStoppedError."""
     queue = KeyedQueue()
     queue.pause_intake()
@@ -378,7 +374,7 @@ async def test_resume_intake_after_stop_does_nothing() -> None:
 
 
 @pytest.mark.anyio
-async def test_wait_idle_returns_at_once_on_an_idle_queue() -> None:
+async def test_wait_idle_on_idle_queue() -> None:
     """An idle queue has nothing to wait for."""
     waiting = asyncio.ensure_future(KeyedQueue().wait_idle())
     await asyncio.sleep(0)  # one turn of the loop, no more
@@ -387,7 +383,7 @@ async def test_wait_idle_returns_at_once_on_an_idle_queue() -> None:
 
 
 @pytest.mark.anyio
-async def test_abort_cancels_queued_work_and_lets_running_work_finish() -> None:
+async def test_abort_cancels_queued() -> None:
     """`abort` fails every queued task with TaskCancelledError and stops the queue."""
     queue = KeyedQueue(width=1)
     blocker = Blocker()
@@ -408,7 +404,7 @@ async def test_abort_cancels_queued_work_and_lets_running_work_finish() -> None:
 
 
 @pytest.mark.anyio
-async def test_drain_reports_completed_cancelled_and_still_running() -> None:
+async def test_drain_reports_outcomes() -> None:
     """At the deadline, drain cancels queued work and reports what finished and what runs on."""
     clock = ManualClock()
     queue = KeyedQueue(width=1, clock=clock)
@@ -431,7 +427,7 @@ async def test_drain_reports_completed_cancelled_and_still_running() -> None:
 
 
 @pytest.mark.anyio
-async def test_drain_of_a_queue_that_goes_idle_in_time_cancels_nothing() -> None:
+async def test_drain_in_time_cancels_none() -> None:
     """A drain whose work finishes before the deadline reports it all completed."""
     clock = ManualClock()
     queue = KeyedQueue(clock=clock)
@@ -449,7 +445,7 @@ async def test_drain_of_a_queue_that_goes_idle_in_time_cancels_nothing() -> None
 
 
 @pytest.mark.anyio
-async def test_a_caller_cancelled_while_waiting_leaves_the_queue() -> None:
+async def test_cancelled_waiter_leaves() -> None:
     """Cancelling a queued caller removes its task; the key's later tasks still run in order."""
     queue = KeyedQueue()
     blocker = Blocker()
@@ -469,7 +465,7 @@ async def test_a_caller_cancelled_while_waiting_leaves_the_queue() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_waiting_caller_cancelled_just_before_its_turn_is_skipped() -> None:
+async def test_late_cancel_is_skipped() -> None:
     """A caller cancelled but not yet resumed when its turn comes is passed over, not run."""
     queue = KeyedQueue(width=1)
     waiting: list[asyncio.Task[str]] = []
@@ -496,7 +492,7 @@ async def test_a_waiting_caller_cancelled_just_before_its_turn_is_skipped() -> N
 
 
 @pytest.mark.anyio
-async def test_cancelling_the_only_waiter_of_an_idle_key_removes_the_key() -> None:
+async def test_cancelled_key_disappears() -> None:
     """A key whose last queued caller is cancelled disappears from the snapshot."""
     queue = KeyedQueue(width=1)
     blocker = Blocker()
@@ -513,7 +509,7 @@ async def test_cancelling_the_only_waiter_of_an_idle_key_removes_the_key() -> No
 
 
 @pytest.mark.anyio
-async def test_a_caller_cancelled_after_being_granted_its_turn_frees_the_key() -> None:
+async def test_granted_cancel_frees_key() -> None:
     """A turn granted to a caller that is cancelled before it runs passes to the next task."""
     queue = KeyedQueue()
     blocker = Blocker()
@@ -540,7 +536,7 @@ async def test_a_caller_cancelled_after_being_granted_its_turn_frees_the_key() -
 
 
 @pytest.mark.anyio
-async def test_cancelling_a_running_caller_counts_a_failure_and_frees_the_key() -> None:
+async def test_running_cancel_is_failure() -> None:
     """A handler cancelled with its caller is counted failed, and the key moves on."""
     queue = KeyedQueue()
     blocker = Blocker()
@@ -556,7 +552,7 @@ async def test_cancelling_a_running_caller_counts_a_failure_and_frees_the_key() 
 
 
 @pytest.mark.anyio
-async def test_snapshot_is_a_frozen_copy_with_the_seed_fields() -> None:
+async def test_snapshot_is_frozen_copy() -> None:
     """The snapshot carries width, counters and flags, and serialises to snake_case."""
     queue = KeyedQueue(width=3)
     queue.pause()
@@ -586,14 +582,14 @@ async def test_snapshot_is_a_frozen_copy_with_the_seed_fields() -> None:
 
 
 @pytest.mark.parametrize("width", [0, -1, True, 1.5])
-def test_width_must_be_a_positive_int(width: object) -> None:
+def test_width_positive_int(width: object) -> None:
     """A queue that could never run anything is refused at construction."""
     with pytest.raises(ConfigurationError):
         KeyedQueue(width=width)  # deliberately the wrong type: the test is about refusing it
 
 
 @pytest.mark.anyio
-async def test_participant_pauses_intake_counts_in_flight_and_drains_reversibly() -> None:
+async def test_participant_reversible() -> None:
     """The queue participant reports kind jobs, counts running + queued, and drains to idle."""
     clock = ManualClock()
     queue = KeyedQueue(width=1, clock=clock)
@@ -607,20 +603,20 @@ async def test_participant_pauses_intake_counts_in_flight_and_drains_reversibly(
     participant.pause_intake()
     with pytest.raises(QueueIntakePausedError):
         await queue.run("c", _ok, 1)
-    drain = asyncio.create_task(participant.drain(10.0))
+    drain = asyncio.create_task(participant.finish(10.0))
     await settle()
     blocker.release("a")
     blocker.release("b")
     await drain
     assert participant.in_flight() == 0
     await asyncio.gather(*tasks)
-    await participant.drain(10.0)  # already idle: returns at once
+    await participant.finish(10.0)  # already idle: returns at once
     participant.resume_intake()
     assert await queue.run("c", _ok, 4) == 4
 
 
 @pytest.mark.anyio
-async def test_participant_drain_outlasts_its_timeout_and_keeps_queued_work() -> None:
+async def test_participant_never_cancels() -> None:
     """Memory work cannot be handed over: the drain waits past its timeout and never cancels."""
     clock = ManualClock()
     queue = KeyedQueue(width=1, clock=clock)
@@ -628,7 +624,7 @@ async def test_participant_drain_outlasts_its_timeout_and_keeps_queued_work() ->
     blocker = Blocker()
     tasks = [asyncio.create_task(queue.run(k, blocker, k)) for k in ("a", "b")]
     await settle()
-    drain = asyncio.create_task(participant.drain(3.0))
+    drain = asyncio.create_task(participant.finish(3.0))
     await settle()
     await clock.advance(3.0)
     assert not drain.done()

@@ -63,9 +63,7 @@ async def scheduler(clock: ManualClock) -> AsyncIterator[Scheduler]:
 
 
 @pytest.mark.anyio
-async def test_interval_job_runs_once_per_period_on_the_manual_clock(
-    clock: ManualClock, scheduler: Scheduler
-) -> None:
+async def test_interval_runs_each_period(clock: ManualClock, scheduler: Scheduler) -> None:
     """An `every=10` job runs at 10, 20, 30 s after start and reports its next run."""
     job = Counter()
     scheduler.add("tick", job, every=10)
@@ -88,9 +86,7 @@ async def test_interval_job_runs_once_per_period_on_the_manual_clock(
 
 
 @pytest.mark.anyio
-async def test_pause_stops_ticks_and_lets_the_in_flight_run_finish(
-    clock: ManualClock, scheduler: Scheduler
-) -> None:
+async def test_pause_stops_ticks(clock: ManualClock, scheduler: Scheduler) -> None:
     """After pause no tick starts a run; the run already going completes normally."""
     job = Counter()
     job.gate = asyncio.Event()
@@ -110,9 +106,7 @@ async def test_pause_stops_ticks_and_lets_the_in_flight_run_finish(
 
 
 @pytest.mark.anyio
-async def test_ticks_missed_while_paused_are_not_replayed_after_resume(
-    clock: ManualClock, scheduler: Scheduler
-) -> None:
+async def test_missed_ticks_not_replayed(clock: ManualClock, scheduler: Scheduler) -> None:
     """Resume computes the next tick from the resume time: no burst of missed runs."""
     job = Counter()
     scheduler.add("tick", job, every=10)
@@ -131,7 +125,7 @@ async def test_ticks_missed_while_paused_are_not_replayed_after_resume(
 
 
 @pytest.mark.anyio
-async def test_run_now_runs_at_once_even_while_paused_and_returns_the_status(
+async def test_run_now_runs_at_once(
     clock: ManualClock,
     scheduler: Scheduler,
 ) -> None:
@@ -148,7 +142,7 @@ async def test_run_now_runs_at_once_even_while_paused_and_returns_the_status(
 
 
 @pytest.mark.anyio
-async def test_run_now_on_a_running_job_waits_for_that_run_instead_of_overlapping(
+async def test_run_now_joins_running(
     clock: ManualClock,
     scheduler: Scheduler,
 ) -> None:
@@ -168,7 +162,7 @@ async def test_run_now_on_a_running_job_waits_for_that_run_instead_of_overlappin
 
 
 @pytest.mark.anyio
-async def test_failing_job_counts_consecutive_failures_then_resets_on_success(
+async def test_failures_counted_then_reset(
     clock: ManualClock, scheduler: Scheduler, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Each failure raises the count and keeps the error text; one success resets it."""
@@ -195,9 +189,7 @@ async def test_failing_job_counts_consecutive_failures_then_resets_on_success(
 
 
 @pytest.mark.anyio
-async def test_an_exception_in_one_job_never_stops_the_scheduler(
-    clock: ManualClock, scheduler: Scheduler
-) -> None:
+async def test_job_error_keeps_scheduler(clock: ManualClock, scheduler: Scheduler) -> None:
     """A job that raises keeps its schedule, and other jobs are untouched."""
     broken, healthy = Counter(), Counter()
     broken.fail = True
@@ -210,7 +202,7 @@ async def test_an_exception_in_one_job_never_stops_the_scheduler(
 
 
 @pytest.mark.anyio
-async def test_a_tick_that_finds_the_previous_run_going_is_skipped_and_counted(
+async def test_overlapping_tick_skipped(
     clock: ManualClock,
     scheduler: Scheduler,
 ) -> None:
@@ -232,7 +224,7 @@ async def test_a_tick_that_finds_the_previous_run_going_is_skipped_and_counted(
 
 
 @pytest.mark.anyio
-async def test_cron_job_next_run_comes_from_the_injected_now(clock: ManualClock) -> None:
+async def test_cron_next_run_from_now(clock: ManualClock) -> None:
     """`*/5 * * * *` at 00:01:30 next runs at 00:05:00, then every five minutes."""
     start = datetime(2030, 1, 1, 0, 1, 30, tzinfo=UTC)
     scheduler = make(clock, start)
@@ -254,9 +246,7 @@ async def test_cron_job_next_run_comes_from_the_injected_now(clock: ManualClock)
 
 
 @pytest.mark.anyio
-async def test_cron_ticks_missed_while_paused_are_not_replayed(
-    clock: ManualClock, scheduler: Scheduler
-) -> None:
+async def test_cron_missed_not_replayed(clock: ManualClock, scheduler: Scheduler) -> None:
     """A cron job resumed after an hour runs at its next slot, not once per missed slot."""
     job = Counter()
     scheduler.add("report", job, cron="*/5 * * * *")
@@ -272,7 +262,7 @@ async def test_cron_ticks_missed_while_paused_are_not_replayed(
 
 
 @pytest.mark.anyio
-async def test_cron_with_a_fixed_now_still_moves_forward(clock: ManualClock) -> None:
+async def test_cron_fixed_now_advances(clock: ManualClock) -> None:
     """Each cron tick is computed after the one just fired, even if now() has not moved."""
     scheduler = Scheduler(clock=clock, now=lambda: BASE)
     job = Counter()
@@ -302,9 +292,7 @@ async def test_cron_with_a_fixed_now_still_moves_forward(clock: ManualClock) -> 
         ("j", {"cron": 5}),
     ],
 )
-def test_a_bad_schedule_is_refused_with_schedule_invalid(
-    name: str, schedule: dict[str, object]
-) -> None:
+def test_bad_schedule_invalid(name: str, schedule: dict[str, object]) -> None:
     """Names must be non-empty and exactly one valid schedule must be given."""
     with pytest.raises(ScheduleInvalidError) as refused:
         Scheduler().add(
@@ -313,7 +301,7 @@ def test_a_bad_schedule_is_refused_with_schedule_invalid(
     assert refused.value.code == "SCHEDULE_INVALID"
 
 
-def test_a_duplicate_name_or_a_non_callable_is_refused() -> None:
+def test_duplicate_or_uncallable() -> None:
     """Job names are unique, and the job must be callable."""
     scheduler = Scheduler()
     scheduler.add("j", Counter(), every=1)
@@ -326,7 +314,7 @@ def test_a_duplicate_name_or_a_non_callable_is_refused() -> None:
 
 
 @pytest.mark.anyio
-async def test_an_unknown_job_name_raises_schedule_not_found() -> None:
+async def test_unknown_job_not_found() -> None:
     """run_now and job_statistics name the missing job."""
     scheduler = Scheduler()
     with pytest.raises(ScheduleNotFoundError, match="'nope'") as missing:
@@ -337,9 +325,7 @@ async def test_an_unknown_job_name_raises_schedule_not_found() -> None:
 
 
 @pytest.mark.anyio
-async def test_the_decorator_registers_the_function_under_its_name(
-    clock: ManualClock, scheduler: Scheduler
-) -> None:
+async def test_decorator_registers_job(clock: ManualClock, scheduler: Scheduler) -> None:
     """`@scheduler.job(every=...)` adds the function and returns it unchanged."""
     calls: list[str] = []
 
@@ -357,9 +343,7 @@ async def test_the_decorator_registers_the_function_under_its_name(
 
 
 @pytest.mark.anyio
-async def test_status_serialises_to_json_ready_snake_case(
-    clock: ManualClock, scheduler: Scheduler
-) -> None:
+async def test_status_serialises_to_json(clock: ManualClock, scheduler: Scheduler) -> None:
     """`to_dict` gives plain JSON types: ISO datetimes, seconds, snake_case keys."""
     job = Counter()
     job.fail = True
@@ -390,9 +374,7 @@ async def test_status_serialises_to_json_ready_snake_case(
 
 
 @pytest.mark.anyio
-async def test_a_job_added_after_start_is_scheduled_at_once(
-    clock: ManualClock, scheduler: Scheduler
-) -> None:
+async def test_job_added_late_scheduled(clock: ManualClock, scheduler: Scheduler) -> None:
     """Adding to a running scheduler arms the new job from the time it was added."""
     async with scheduler:
         await clock.advance(3)
@@ -419,9 +401,7 @@ async def test_stop_waits_for_running_runs(clock: ManualClock, scheduler: Schedu
 
 
 @pytest.mark.anyio
-async def test_stop_with_a_timeout_cancels_a_run_that_outlives_it(
-    clock: ManualClock, scheduler: Scheduler
-) -> None:
+async def test_stop_timeout_cancels_run(clock: ManualClock, scheduler: Scheduler) -> None:
     """At the stop timeout a run still going is cancelled and recorded as an error."""
     job = Counter()
     job.gate = asyncio.Event()
@@ -440,7 +420,7 @@ async def test_stop_with_a_timeout_cancels_a_run_that_outlives_it(
 
 
 @pytest.mark.anyio
-async def test_participant_pauses_ticks_drains_running_runs_and_resumes(
+async def test_participant_reversible(
     clock: ManualClock,
     scheduler: Scheduler,
 ) -> None:
@@ -455,7 +435,7 @@ async def test_participant_pauses_ticks_drains_running_runs_and_resumes(
     await clock.advance(10)
     assert participant.in_flight() == 1
     participant.pause_intake()
-    drain = asyncio.create_task(participant.drain(30))
+    drain = asyncio.create_task(participant.finish(30))
     await settle()
     assert not drain.done()
     job.gate.set()
@@ -470,7 +450,7 @@ async def test_participant_pauses_ticks_drains_running_runs_and_resumes(
 
 
 @pytest.mark.anyio
-async def test_participant_drain_outlasts_its_timeout_without_cancelling(
+async def test_participant_never_cancels(
     clock: ManualClock,
     scheduler: Scheduler,
 ) -> None:
@@ -482,7 +462,7 @@ async def test_participant_drain_outlasts_its_timeout_without_cancelling(
     scheduler.start()
     await clock.advance(10)
     participant.pause_intake()
-    drain = asyncio.create_task(participant.drain(5))
+    drain = asyncio.create_task(participant.finish(5))
     await settle()
     await clock.advance(5)
     assert not drain.done()
@@ -494,9 +474,7 @@ async def test_participant_drain_outlasts_its_timeout_without_cancelling(
 
 
 @pytest.mark.anyio
-async def test_run_now_is_refused_while_a_drain_holds_intake_paused(
-    clock: ManualClock, scheduler: Scheduler
-) -> None:
+async def test_run_now_refused_in_drain(clock: ManualClock, scheduler: Scheduler) -> None:
     """Nothing is admitted after the drain closes intake: run_now raises, no run starts."""
     job = Counter()
     scheduler.add("report", job, every=60)
@@ -514,7 +492,7 @@ async def test_run_now_is_refused_while_a_drain_holds_intake_paused(
 
 
 @pytest.mark.anyio
-async def test_rollback_keeps_an_operators_pause(clock: ManualClock, scheduler: Scheduler) -> None:
+async def test_rollback_keeps_pause(clock: ManualClock, scheduler: Scheduler) -> None:
     """A scheduler the operator paused before the drain stays paused after rollback."""
     job = Counter()
     scheduler.add("report", job, every=10)
@@ -529,3 +507,30 @@ async def test_rollback_keeps_an_operators_pause(clock: ManualClock, scheduler: 
     scheduler.resume()
     await clock.advance(10)
     assert job.runs == 1
+
+
+class BrokenSleepClock:
+    """A manual clock whose sleeps raise: a schedule's timer dies on its first wait."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+
+    def monotonic(self) -> float:
+        return self.clock.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        raise RuntimeError("the clock broke")
+
+
+@pytest.mark.anyio
+async def test_dead_timer_recorded(clock: ManualClock) -> None:
+    """A schedule whose timer task fails says so in its statistics instead of going quiet."""
+    scheduler = Scheduler(clock=BrokenSleepClock(clock), now=wall(clock))
+    scheduler.add("tick", Counter(), every=5)
+    scheduler.start()
+    await settle()
+    [job] = scheduler.statistics().jobs
+    assert job.last_result == "error"
+    assert job.last_error == "the schedule stopped: RuntimeError: the clock broke"
+    assert job.next_run_at is None
+    await scheduler.stop()

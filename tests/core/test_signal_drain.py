@@ -83,7 +83,7 @@ async def wait_draining(rt: Runtime) -> None:
         await rt.draining.wait()
 
 
-async def test_first_sigterm_drains_then_hands_the_signal_to_the_server(
+async def test_sigterm_drains_then_passes(
     plain_server: ServerHandler,
 ) -> None:
     """The signal begins the drain; the server's handler gets it only once the drain settled,
@@ -108,7 +108,7 @@ async def test_first_sigterm_drains_then_hands_the_signal_to_the_server(
     assert rt.signal_drain.hooked == ()
 
 
-async def test_second_signal_reaches_the_server_before_the_drain_settles(
+async def test_second_signal_goes_through(
     plain_server: ServerHandler,
 ) -> None:
     """A second signal goes to the server's handler at once; the drain is no longer followed,
@@ -131,7 +131,7 @@ async def test_second_signal_reaches_the_server_before_the_drain_settles(
     assert plain_server.received == [signal.SIGTERM]
 
 
-async def test_a_signal_follows_the_drain_an_orchestrator_began(
+async def test_signal_follows_drain(
     plain_server: ServerHandler,
 ) -> None:
     """No second drain: the signal waits for the orchestrator's, then tells the server."""
@@ -151,7 +151,7 @@ async def test_a_signal_follows_the_drain_an_orchestrator_began(
     assert status.status == "drained"
 
 
-async def test_a_followed_drain_is_waited_for_at_most_the_signal_deadline(
+async def test_followed_drain_bounded(
     plain_server: ServerHandler, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An orchestrator's longer drain does not hold the stop past ``signal_drain_timeout``."""
@@ -171,7 +171,7 @@ async def test_a_followed_drain_is_waited_for_at_most_the_signal_deadline(
     rt.drain.rollback(request["nonce"])
 
 
-async def test_loop_signal_handlers_are_wrapped_through_the_loop(restored_signals: None) -> None:
+async def test_loop_handlers_wrapped(restored_signals: None) -> None:
     """hypercorn's way (``loop.add_signal_handler``): wrapped in the loop's table, put back."""
     loop = asyncio.get_running_loop()
     received: list[str] = []
@@ -199,7 +199,7 @@ async def test_loop_signal_handlers_are_wrapped_through_the_loop(restored_signal
         loop.remove_signal_handler(signal.SIGTERM)
 
 
-async def test_nothing_is_hooked_without_a_server_handler(
+async def test_no_server_handler_no_hook(
     restored_signals: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Under pytest SIGTERM is the default and SIGINT Python's own: one warning names serve."""
@@ -218,7 +218,7 @@ async def test_nothing_is_hooked_without_a_server_handler(
     assert "`forgezero-lifecycle serve`" in warnings[0]
 
 
-def test_a_loop_whose_handler_table_cannot_be_read_is_not_hooked(
+def test_unreadable_loop_not_hooked(
     restored_signals: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     """uvloop dispatches its own registered handlers whatever Python's table holds, and its
@@ -244,7 +244,7 @@ def test_a_loop_whose_handler_table_cannot_be_read_is_not_hooked(
     assert "the event loop's signal handler cannot be read" in caplog.text
 
 
-def test_a_signal_after_the_loop_closed_goes_to_the_server(plain_server: ServerHandler) -> None:
+def test_signal_after_loop_closed(plain_server: ServerHandler) -> None:
     """Left hooked when the loop is gone (lifespan off, no shutdown): the server decides."""
     rt = runtime()
     asyncio.run(_install(rt))
@@ -257,7 +257,7 @@ def test_a_signal_after_the_loop_closed_goes_to_the_server(plain_server: ServerH
     assert signal.getsignal(signal.SIGTERM) is plain_server
 
 
-async def test_under_lifespan_manager_nothing_is_hooked_and_one_warning_says_so(
+async def test_lifespan_manager_warns_once(
     restored_signals: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     """In-process (asgi-lifespan + httpx): no server handler, so the startup warns once."""
@@ -279,7 +279,7 @@ async def test_under_lifespan_manager_nothing_is_hooked_and_one_warning_says_so(
     ]
 
 
-async def test_nothing_is_hooked_outside_the_main_thread(
+async def test_no_hook_outside_main_thread(
     plain_server: ServerHandler, caplog: pytest.LogCaptureFixture
 ) -> None:
     """signal.signal works in the main thread only: another thread's loop is not hooked."""
@@ -298,7 +298,7 @@ async def _install(rt: Runtime) -> None:
     rt.signal_drain.install()
 
 
-async def test_uninstall_and_disable_put_the_server_handlers_back(
+async def test_uninstall_restores_handlers(
     plain_server: ServerHandler,
 ) -> None:
     """Lifespan shutdown (uninstall) and serve's seam (disable) leave the server's handlers."""
@@ -314,7 +314,8 @@ async def test_uninstall_and_disable_put_the_server_handlers_back(
     assert rt.signal_drain.hooked == ()
 
 
-async def test_drain_on_signal_false_never_hooks(plain_server: ServerHandler) -> None:
+async def test_drain_on_signal_false(plain_server: ServerHandler) -> None:
+    """With ``drain_on_signal=False`` nothing is ever hooked: the server keeps its handler."""
     rt = runtime(drain_on_signal=False)
     rt.signal_drain.install()
     assert rt.signal_drain.hooked == ()
@@ -324,7 +325,8 @@ async def test_drain_on_signal_false_never_hooks(plain_server: ServerHandler) ->
 # Through the middleware: the lifespan scope installs, lifespan.shutdown puts back.
 
 
-async def test_lifespan_startup_hooks_and_shutdown_restores(plain_server: ServerHandler) -> None:
+async def test_lifespan_hooks_and_restores(plain_server: ServerHandler) -> None:
+    """Lifespan startup hooks SIGTERM and SIGINT; lifespan shutdown puts the server's back."""
     rt = runtime()
     during: list[tuple[str, ...]] = []
 
@@ -343,8 +345,9 @@ async def test_lifespan_startup_hooks_and_shutdown_restores(plain_server: Server
     assert signal.getsignal(signal.SIGTERM) is plain_server
 
 
-async def test_without_lifespan_the_first_request_hooks(plain_server: ServerHandler) -> None:
-    """An app that does not speak lifespan (or a server run with lifespan off)."""
+async def test_first_request_hooks(plain_server: ServerHandler) -> None:
+    """Without lifespan (an app that does not speak it, or a server run with lifespan off), the
+    first request hooks."""
     rt = runtime()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -367,7 +370,9 @@ async def test_without_lifespan_the_first_request_hooks(plain_server: ServerHand
 # The request a signal stands for, and the options.
 
 
-def test_self_drain_request_is_a_valid_drain_request() -> None:
+def test_self_drain_request_valid() -> None:
+    """The request a signal stands for is a valid drain request: a fresh nonce each time, its
+    timeout clamped to 100 ms .. 600 s."""
     first = parse_drain_request(self_drain_request(None, 30.0))
     second = parse_drain_request(self_drain_request(REVISION, 30.0))
     assert first.source_revision == UNKNOWN_REVISION == "0" * 40
@@ -391,7 +396,8 @@ def test_self_drain_request_is_a_valid_drain_request() -> None:
         {"signal_drain_timeout": "30"},
     ],
 )
-def test_signal_options_are_checked_at_construction(options: dict[str, Any]) -> None:
+def test_signal_options_checked(options: dict[str, Any]) -> None:
+    """Bad signal options are refused with RUNTIME_CONFIG_INVALID when the runtime is built."""
     with pytest.raises(ConfigurationError) as error:
         runtime(**options)
     assert error.value.code == "RUNTIME_CONFIG_INVALID"

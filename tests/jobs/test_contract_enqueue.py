@@ -17,7 +17,7 @@ from .conftest import StoreKit
 pytestmark = pytest.mark.anyio
 
 
-async def test_enqueue_returns_a_queued_job(kit: StoreKit) -> None:
+async def test_enqueue_returns_queued(kit: StoreKit) -> None:
     """A new job is queued with no attempts, fence 0 and its payload intact."""
     job = await kit.store.enqueue("email", {"to": "a@example.com", "n": [1, 2]}, max_attempts=3)
     assert job.state == "queued"
@@ -28,7 +28,7 @@ async def test_enqueue_returns_a_queued_job(kit: StoreKit) -> None:
     assert await kit.store.get(job.id) == job
 
 
-async def test_same_key_and_payload_returns_the_existing_job(kit: StoreKit) -> None:
+async def test_same_key_returns_existing(kit: StoreKit) -> None:
     """Enqueue is idempotent on the key: a repeat returns the first job, adds nothing."""
     first = await kit.store.enqueue("email", {"b": 1, "a": 2}, idempotency_key="k1")
     again = await kit.store.enqueue("email", {"a": 2, "b": 1}, idempotency_key="k1")
@@ -36,7 +36,7 @@ async def test_same_key_and_payload_returns_the_existing_job(kit: StoreKit) -> N
     assert (await kit.store.statistics()).total == 1
 
 
-async def test_same_key_with_another_payload_or_queue_conflicts(kit: StoreKit) -> None:
+async def test_reused_key_conflicts(kit: StoreKit) -> None:
     """A reused key with a different payload or queue raises IdempotencyConflictError."""
     await kit.store.enqueue("email", {"a": 1}, idempotency_key="k1")
     with pytest.raises(IdempotencyConflictError) as caught:
@@ -47,7 +47,7 @@ async def test_same_key_with_another_payload_or_queue_conflicts(kit: StoreKit) -
     assert (await kit.store.statistics()).total == 1
 
 
-async def test_enqueue_without_key_never_deduplicates(kit: StoreKit) -> None:
+async def test_no_key_never_deduplicates(kit: StoreKit) -> None:
     """Without a key every enqueue is a new job with a generated key."""
     a = await kit.store.enqueue("q", {"x": 1})
     b = await kit.store.enqueue("q", {"x": 1})
@@ -55,7 +55,7 @@ async def test_enqueue_without_key_never_deduplicates(kit: StoreKit) -> None:
     assert a.idempotency_key != b.idempotency_key
 
 
-async def test_enqueue_rejects_bad_arguments(kit: StoreKit) -> None:
+async def test_enqueue_rejects_bad_args(kit: StoreKit) -> None:
     """Bad input raises JobInvalidError (JOB_INVALID, a ValueError) and writes nothing."""
     bad_calls: list[tuple[str, Any, dict[str, Any]]] = [
         ("", {}, {}),
@@ -73,7 +73,7 @@ async def test_enqueue_rejects_bad_arguments(kit: StoreKit) -> None:
     assert (await kit.store.statistics()).total == 0
 
 
-async def test_enqueue_inside_the_callers_transaction(kit: StoreKit) -> None:
+async def test_enqueue_in_transaction(kit: StoreKit) -> None:
     """With conn=, the job commits or rolls back with the caller's transaction."""
 
     async def enqueue_then_fail() -> None:
@@ -93,7 +93,7 @@ async def test_enqueue_inside_the_callers_transaction(kit: StoreKit) -> None:
     assert await kit.marked("kept")
 
 
-async def test_enqueues_of_other_tasks_never_join_an_open_transaction(kit: StoreKit) -> None:
+async def test_plain_enqueue_is_separate(kit: StoreKit) -> None:
     """A plain enqueue is its own transaction, whether it starts before or during another
     task's transaction: that transaction's rollback never takes it."""
 
@@ -113,7 +113,7 @@ async def test_enqueues_of_other_tasks_never_join_an_open_transaction(kit: Store
     assert queues == {"before", "during"}
 
 
-async def test_subscribers_hear_of_enqueues_after_commit(kit: StoreKit) -> None:
+async def test_subscribe_after_commit(kit: StoreKit) -> None:
     """subscribe() calls back on every enqueue, after the transaction commits."""
     calls: list[int] = []
     unsubscribe = kit.store.subscribe(lambda: calls.append(1))
@@ -128,7 +128,7 @@ async def test_subscribers_hear_of_enqueues_after_commit(kit: StoreKit) -> None:
     assert calls == [1, 1]
 
 
-async def test_claim_takes_due_jobs_in_order(kit: StoreKit) -> None:
+async def test_claim_due_jobs_in_order(kit: StoreKit) -> None:
     """Claims take due jobs by run_after then id, at most n, and skip delayed ones."""
     later = await kit.store.enqueue("q", {"i": "later"}, delay=0.4)
     ids = [(await kit.store.enqueue("q", {"i": i})).id for i in range(3)]
@@ -142,7 +142,7 @@ async def test_claim_takes_due_jobs_in_order(kit: StoreKit) -> None:
     assert [lease.job.id for lease in due] == [later.id]
 
 
-async def test_claim_sets_lease_fence_and_attempt(kit: StoreKit) -> None:
+async def test_claim_leases_and_fences(kit: StoreKit) -> None:
     """A claim leases to the owner, raises the fence and counts an attempt."""
     job = await kit.store.enqueue("q", {})
     [lease] = await kit.store.claim("w1", 1, 30.0)

@@ -13,7 +13,7 @@ from .conftest import StoreKit
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_batch_comes_back_in_order_as_queued_jobs(kit: StoreKit) -> None:
+async def test_batch_returned_in_order(kit: StoreKit) -> None:
     """Each payload becomes one queued job, returned in the order given, readable by id."""
     jobs = await kit.store.enqueue_many("email", [{"n": n} for n in range(5)], max_attempts=3)
     assert [job.payload for job in jobs] == [{"n": n} for n in range(5)]
@@ -26,7 +26,7 @@ async def test_a_batch_comes_back_in_order_as_queued_jobs(kit: StoreKit) -> None
     assert (await kit.store.statistics()).queued == 5
 
 
-async def test_a_batch_is_idempotent_per_key_like_enqueue(kit: StoreKit) -> None:
+async def test_batch_idempotent_per_key(kit: StoreKit) -> None:
     """A key that exists (or repeats in the batch) with the same payload returns that job."""
     first = await kit.store.enqueue("q", {"a": 1}, idempotency_key="k1")
     jobs = await kit.store.enqueue_many(
@@ -43,7 +43,7 @@ async def test_a_batch_is_idempotent_per_key_like_enqueue(kit: StoreKit) -> None
     assert (await kit.store.statistics()).total == 3
 
 
-async def test_a_stored_key_repeated_in_a_batch_returns_the_stored_job_each_time(
+async def test_stored_key_repeated(
     kit: StoreKit,
 ) -> None:
     """A key already stored and given twice in the batch names the stored job both times."""
@@ -62,7 +62,7 @@ async def test_a_stored_key_repeated_in_a_batch_returns_the_stored_job_each_time
     ],
     ids=["stored", "in-batch"],
 )
-async def test_a_conflict_anywhere_writes_nothing_of_the_batch(
+async def test_conflict_writes_nothing(
     kit: StoreKit, payloads: list[dict[str, Any]], keys: list[str]
 ) -> None:
     """A reused key with another payload raises IdempotencyConflictError and no item is added."""
@@ -75,7 +75,7 @@ async def test_a_conflict_anywhere_writes_nothing_of_the_batch(
     assert fresh.payload == {"other": True}  # "fresh" was never written
 
 
-async def test_a_batch_inside_the_callers_transaction(kit: StoreKit) -> None:
+async def test_batch_in_transaction(kit: StoreKit) -> None:
     """With conn=, the batch commits or rolls back with the caller's own writes."""
 
     async def enqueue_then_fail() -> None:
@@ -95,7 +95,7 @@ async def test_a_batch_inside_the_callers_transaction(kit: StoreKit) -> None:
     assert await kit.marked("kept")
 
 
-async def test_a_conflict_inside_the_callers_transaction_undoes_only_the_batch(
+async def test_conflict_in_transaction(
     kit: StoreKit,
 ) -> None:
     """A refused batch leaves the caller's transaction as it was, so it can still commit."""
@@ -110,7 +110,7 @@ async def test_a_conflict_inside_the_callers_transaction_undoes_only_the_batch(
     assert (await kit.store.statistics()).total == 1
 
 
-async def test_a_batch_is_checked_like_enqueue_before_anything_is_written(kit: StoreKit) -> None:
+async def test_batch_checked_like_enqueue(kit: StoreKit) -> None:
     """Every item passes enqueue's checks, or JobInvalidError is raised and nothing is added."""
     bad_calls: list[tuple[str, Any, dict[str, Any]]] = [
         ("", [{}], {}),
@@ -131,7 +131,7 @@ async def test_a_batch_is_checked_like_enqueue_before_anything_is_written(kit: S
     assert await kit.store.enqueue_many("q", []) == []
 
 
-async def test_subscribers_hear_of_a_batch_once_after_commit(kit: StoreKit) -> None:
+async def test_subscribe_once_per_batch(kit: StoreKit) -> None:
     """subscribe() is called once per committed batch, not per item."""
     calls: list[int] = []
     kit.store.subscribe(lambda: calls.append(1))

@@ -104,20 +104,21 @@ async def assert_refused(kit: StoreKit, queue: str, payload: Any, **options: Any
 
 
 @pytest.mark.parametrize("case", list(BAD_PAYLOADS))
-async def test_a_payload_that_is_not_json_data_is_refused(kit: StoreKit, case: str) -> None:
+async def test_non_json_payload_refused(kit: StoreKit, case: str) -> None:
     """NaN, Infinity, non-JSON types, NUL, lone surrogates, oversize, too deep or holding itself:
     JOB_INVALID, nothing written."""
     await assert_refused(kit, "q", BAD_PAYLOADS[case], idempotency_key=f"k-{case}")
 
 
 @pytest.mark.parametrize("case", list(BAD_OPTIONS))
-async def test_a_bad_name_key_delay_or_attempt_count_is_refused(kit: StoreKit, case: str) -> None:
-    """Names and keys every store can index, finite bounded delays, int4 attempts."""
+async def test_bad_fields_refused(kit: StoreKit, case: str) -> None:
+    """A bad name, key, delay or attempt count is refused: names and keys every store can
+    index, finite bounded delays, int4 attempts."""
     queue, options = BAD_OPTIONS[case]
     await assert_refused(kit, queue, {"n": 1}, **options)
 
 
-async def test_the_limits_themselves_are_accepted(kit: StoreKit) -> None:
+async def test_limits_are_accepted(kit: StoreKit) -> None:
     """Exactly at each bound the job is written, and reads back as given."""
     key = "é" * (MAX_IDEMPOTENCY_KEY_BYTES // 2)
     overhead = len('{"blob":"","t":[1,2.5,null]}')
@@ -134,7 +135,7 @@ async def test_the_limits_themselves_are_accepted(kit: StoreKit) -> None:
     assert await kit.store.get(deepest.id) == deepest
 
 
-async def test_the_message_names_the_offending_value(kit: StoreKit) -> None:
+async def test_message_names_value(kit: StoreKit) -> None:
     """The detail says where the problem is and what to do."""
     detail = await assert_refused(kit, "q", {"order": {"when": datetime.date(2026, 1, 1)}})
     assert "payload['order']['when']" in detail

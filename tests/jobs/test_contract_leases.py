@@ -26,7 +26,7 @@ async def _stale_and_current(kit: StoreKit) -> tuple[Lease[object], Lease[object
     return stale, current
 
 
-async def test_complete_commits_the_handlers_writes_with_the_job(kit: StoreKit) -> None:
+async def test_complete_commits_writes(kit: StoreKit) -> None:
     """The handler's writes and the completion commit together; the result is stored."""
     job = await kit.store.enqueue("q", {})
     [lease] = await kit.store.claim("w", 1, 30.0)
@@ -39,7 +39,7 @@ async def test_complete_commits_the_handlers_writes_with_the_job(kit: StoreKit) 
     assert await kit.marked("done-1")
 
 
-async def test_complete_as_store_context_manager(kit: StoreKit) -> None:
+async def test_store_complete_context(kit: StoreKit) -> None:
     """store.complete(lease) is the same transaction as lease.commit()."""
     job = await kit.store.enqueue("q", {})
     [lease] = await kit.store.claim("w", 1, 30.0)
@@ -51,7 +51,7 @@ async def test_complete_as_store_context_manager(kit: StoreKit) -> None:
     assert await kit.marked("via-store")
 
 
-async def test_handler_error_rolls_back_its_writes_and_keeps_the_lease(kit: StoreKit) -> None:
+async def test_handler_error_rolls_back(kit: StoreKit) -> None:
     """An exception inside the completion block rolls everything back; the job stays leased."""
     job = await kit.store.enqueue("q", {})
     [lease] = await kit.store.claim("w", 1, 30.0)
@@ -73,7 +73,7 @@ async def test_handler_error_rolls_back_its_writes_and_keeps_the_lease(kit: Stor
     assert (await kit.store.get(job.id)).state == "done"
 
 
-async def test_stale_complete_is_rejected_and_writes_nothing(kit: StoreKit) -> None:
+async def test_stale_complete_rejected(kit: StoreKit) -> None:
     """An old generation's late commit raises LeaseLostError; its writes never land."""
     stale, current = await _stale_and_current(kit)
     with pytest.raises(LeaseLostError) as caught:
@@ -89,7 +89,7 @@ async def test_stale_complete_is_rejected_and_writes_nothing(kit: StoreKit) -> N
     assert await kit.marked("current")
 
 
-async def test_stale_fail_release_heartbeat_are_rejected(kit: StoreKit) -> None:
+async def test_stale_mutations_rejected(kit: StoreKit) -> None:
     """fail and release need the current fence; heartbeat reports the stale lease as lost."""
     stale, current = await _stale_and_current(kit)
     with pytest.raises(LeaseLostError):
@@ -103,7 +103,7 @@ async def test_stale_fail_release_heartbeat_are_rejected(kit: StoreKit) -> None:
     assert (stored.state, stored.fence) == ("leased", current.fence)
 
 
-async def test_finished_lease_cannot_be_used_again(kit: StoreKit) -> None:
+async def test_finished_lease_unusable(kit: StoreKit) -> None:
     """After completion every further mutation on the same lease is LeaseLostError."""
     await kit.store.enqueue("q", {})
     [lease] = await kit.store.claim("w", 1, 30.0)
@@ -117,7 +117,7 @@ async def test_finished_lease_cannot_be_used_again(kit: StoreKit) -> None:
     assert await kit.store.heartbeat([lease], 30.0) == [lease]
 
 
-async def test_heartbeat_extends_the_lease(kit: StoreKit) -> None:
+async def test_heartbeat_extends_lease(kit: StoreKit) -> None:
     """A heartbeat moves lease_until forward, so the sweep leaves the job alone."""
     job = await kit.store.enqueue("q", {})
     [lease] = await kit.store.claim("w", 1, 0.3)
@@ -131,7 +131,7 @@ async def test_heartbeat_extends_the_lease(kit: StoreKit) -> None:
     assert stored.lease_until > stored.run_after + 20
 
 
-async def test_complete_many_completes_held_and_reports_lost(kit: StoreKit) -> None:
+async def test_complete_many_reports_lost(kit: StoreKit) -> None:
     """complete_many finishes every held lease and returns the lost ones."""
     stale, current = await _stale_and_current(kit)
     await kit.store.enqueue("q", {"n": 2})
@@ -146,7 +146,7 @@ async def test_complete_many_completes_held_and_reports_lost(kit: StoreKit) -> N
     assert (stored.state, stored.result) == ("done", {"r": 1})
 
 
-async def test_release_refunds_the_attempt(kit: StoreKit) -> None:
+async def test_release_refunds_attempt(kit: StoreKit) -> None:
     """A released job is claimable at once with its attempt refunded and the fence kept."""
     job = await kit.store.enqueue("q", {})
     [lease] = await kit.store.claim("w", 1, 30.0)
@@ -178,7 +178,7 @@ async def test_expiry_counts_the_attempt(kit: StoreKit) -> None:
     assert short.job.id == expired.id
 
 
-async def test_fail_retries_with_backoff_then_dead(kit: StoreKit) -> None:
+async def test_fail_retries_then_dead(kit: StoreKit) -> None:
     """fail requeues after retry_in until max_attempts, then the job is dead."""
     job = await kit.store.enqueue("q", {}, max_attempts=2)
     [first] = await kit.store.claim("w", 1, 30.0)
@@ -193,7 +193,7 @@ async def test_fail_retries_with_backoff_then_dead(kit: StoreKit) -> None:
     assert (await kit.store.get(job.id)).state == "dead"
 
 
-async def test_expiry_at_max_attempts_is_dead(kit: StoreKit) -> None:
+async def test_expiry_at_max_is_dead(kit: StoreKit) -> None:
     """An expired lease on its last attempt buries the job instead of requeueing it."""
     job = await kit.store.enqueue("q", {}, max_attempts=1)
     await kit.store.claim("w", 1, 0.2)
@@ -202,7 +202,7 @@ async def test_expiry_at_max_attempts_is_dead(kit: StoreKit) -> None:
     assert (await kit.store.get(job.id)).state == "dead"
 
 
-async def test_release_owner_releases_only_that_owner(kit: StoreKit) -> None:
+async def test_release_owner_is_scoped(kit: StoreKit) -> None:
     """release_owner refunds every lease of one owner and no other."""
     for i in range(3):
         await kit.store.enqueue("q", {"i": i})
@@ -217,7 +217,7 @@ async def test_release_owner_releases_only_that_owner(kit: StoreKit) -> None:
     assert await kit.store.release_owner("old") == 0
 
 
-async def test_completion_in_progress_is_not_reclaimed_under_it(kit: StoreKit) -> None:
+async def test_sweep_spares_completion(kit: StoreKit) -> None:
     """A sweep that races an open completion cannot take the job; the completion wins."""
     job = await kit.store.enqueue("q", {})
     [lease] = await kit.store.claim("w", 1, 0.2)
@@ -239,7 +239,7 @@ async def test_completion_in_progress_is_not_reclaimed_under_it(kit: StoreKit) -
     assert await kit.marked("slow")
 
 
-async def test_concurrent_claimers_never_share_a_job(kit: StoreKit) -> None:
+async def test_claimers_never_share(kit: StoreKit) -> None:
     """Claimers on separate connections each get disjoint jobs and together get all."""
     total = 60
     for i in range(total):

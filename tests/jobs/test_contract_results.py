@@ -60,7 +60,7 @@ async def _leased(kit: StoreKit, key: str) -> Lease[Any]:
 
 
 @pytest.mark.parametrize("case", list(BAD_RESULTS))
-async def test_a_result_that_is_not_json_data_is_refused(kit: StoreKit, case: str) -> None:
+async def test_non_json_result_refused(kit: StoreKit, case: str) -> None:
     """complete() and complete_many() raise JOB_INVALID, write nothing, and the lease holds."""
     lease = await _leased(kit, case)
     with pytest.raises(JobInvalidError) as caught:
@@ -81,7 +81,7 @@ async def test_a_result_that_is_not_json_data_is_refused(kit: StoreKit, case: st
     assert failed.state == "queued"
 
 
-async def test_the_deepest_result_is_accepted(kit: StoreKit) -> None:
+async def test_deepest_result_accepted(kit: StoreKit) -> None:
     """A result nested exactly as deep as a payload may be is stored and reads back."""
     lease = await _leased(kit, "deep")
     async with kit.store.complete(lease, _nested(MAX_PAYLOAD_DEPTH)):
@@ -92,9 +92,7 @@ async def test_the_deepest_result_is_accepted(kit: StoreKit) -> None:
 
 
 @pytest.mark.parametrize("case", ["holds-itself", "too-deep", "nul", "datetime"])
-async def test_a_worker_fails_the_attempt_of_a_handler_returning_one(
-    kit: StoreKit, case: str
-) -> None:
+async def test_worker_fails_bad_result(kit: StoreKit, case: str) -> None:
     """The job is retried, then dead at max_attempts with JOB_INVALID; its batch completes."""
     worker = JobWorker(
         kit.store, concurrency=4, lease=5.0, idle_interval=0.02, owner="w", backoff=lambda _: 0.0

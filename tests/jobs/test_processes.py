@@ -144,7 +144,7 @@ async def enqueue_all(store: Any, count: int) -> None:
             await store.enqueue("q", {"i": i}, idempotency_key=f"job-{i}", conn=conn)
 
 
-async def test_two_worker_processes_share_one_database(shared: Shared) -> None:
+async def test_two_processes_share_db(shared: Shared) -> None:
     """Two processes burn down one queue: every job completes exactly once."""
     total = 300
     workers = [
@@ -162,7 +162,7 @@ async def test_two_worker_processes_share_one_database(shared: Shared) -> None:
     assert {owner for _, owner in rows} == {"gen-0", "gen-1"}
 
 
-async def test_killed_generation_is_reclaimed_and_its_late_commit_rejected(
+async def test_killed_generation_reclaimed(
     shared: Shared,
 ) -> None:
     """SIGKILL mid-job: the new generation reclaims after the lease; the old lease is dead."""
@@ -195,7 +195,7 @@ def _insert(shared: Shared, job_id: int) -> tuple[str, tuple[int, str]]:
     return f'INSERT INTO "{schema}".app_results (job_id, owner) VALUES (%s, %s)', (job_id, "old")
 
 
-async def test_drained_generation_releases_and_the_next_claims_at_once(shared: Shared) -> None:
+async def test_drained_generation_releases(shared: Shared) -> None:
     """A drained old process releases its jobs; the new one claims them long before expiry."""
     old = shared.spawn("old", "hang", "--lease", "30", "--concurrency", "4")
     await old.wait_line("READY")

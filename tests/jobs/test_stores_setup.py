@@ -19,7 +19,7 @@ from forgezero_lifecycle.jobs.postgres import PostgresJobStore
 pytestmark = pytest.mark.anyio
 
 
-async def test_sqlite_schema_is_created_once_and_reopens(tmp_path: Path) -> None:
+async def test_sqlite_schema_created_once(tmp_path: Path) -> None:
     """Opening twice (two generations) migrates once and keeps the data; WAL is on."""
     path = tmp_path / "jobs.db"
     async with SQLiteJobStore(path) as first:
@@ -34,7 +34,7 @@ async def test_sqlite_schema_is_created_once_and_reopens(tmp_path: Path) -> None
     assert mode == ("wal",)
 
 
-async def test_sqlite_refuses_a_newer_schema(tmp_path: Path) -> None:
+async def test_sqlite_refuses_newer(tmp_path: Path) -> None:
     """A database migrated by a newer library version is refused with JOB_STORE_SCHEMA."""
     path = tmp_path / "jobs.db"
     async with SQLiteJobStore(path):
@@ -65,7 +65,7 @@ async def test_sqlite_misuse_is_reported(tmp_path: Path) -> None:
         assert (await store.statistics()).queued == 1
 
 
-async def test_sqlite_writers_in_two_processes_wait_for_each_other(tmp_path: Path) -> None:
+async def test_sqlite_writers_wait(tmp_path: Path) -> None:
     """busy_timeout makes a write wait for another process's write lock instead of failing."""
     path = tmp_path / "jobs.db"
     async with SQLiteJobStore(path, busy_timeout=5.0) as store:
@@ -93,9 +93,7 @@ def _hold_write_lock(path: Path, seconds: float) -> subprocess.Popen[str]:
 
 
 @pytest.mark.postgres
-async def test_postgres_migrations_are_idempotent_and_concurrent(
-    pg_dsn: str, pg_schema: str
-) -> None:
+async def test_postgres_concurrent_migrate(pg_dsn: str, pg_schema: str) -> None:
     """Two stores migrating the same schema at once end with one version row."""
     stores = [PostgresJobStore(pg_dsn, schema=pg_schema, max_size=1) for _ in range(3)]
     try:
@@ -113,7 +111,7 @@ async def test_postgres_migrations_are_idempotent_and_concurrent(
 
 
 @pytest.mark.postgres
-async def test_postgres_refuses_a_newer_schema(pg_dsn: str, pg_schema: str) -> None:
+async def test_postgres_refuses_newer(pg_dsn: str, pg_schema: str) -> None:
     """A schema at a newer version than the library knows is refused."""
     async with PostgresJobStore(pg_dsn, schema=pg_schema):
         pass
@@ -129,9 +127,7 @@ async def test_postgres_refuses_a_newer_schema(pg_dsn: str, pg_schema: str) -> N
 
 
 @pytest.mark.postgres
-async def test_postgres_does_not_hand_out_a_connection_the_server_closed(
-    pg_dsn: str, pg_schema: str
-) -> None:
+async def test_postgres_skips_closed_conn(pg_dsn: str, pg_schema: str) -> None:
     """After the server ends a pooled connection (a restart does it to all), enqueue still works."""
     async with PostgresJobStore(pg_dsn, schema=pg_schema, min_size=1, max_size=1) as store:
         async with store.transaction() as conn:
@@ -149,7 +145,7 @@ async def test_postgres_does_not_hand_out_a_connection_the_server_closed(
 
 
 @pytest.mark.postgres
-async def test_postgres_pool_exhaustion_is_a_store_error(pg_dsn: str, pg_schema: str) -> None:
+async def test_postgres_pool_exhausted(pg_dsn: str, pg_schema: str) -> None:
     """A pool with no connection to give within its timeout fails enqueue with JobStoreError."""
     from psycopg_pool import AsyncConnectionPool
 
@@ -178,7 +174,7 @@ async def _open_transaction(store: PostgresJobStore) -> None:
         pass
 
 
-def test_postgres_arguments_are_validated() -> None:
+def test_postgres_bad_arguments() -> None:
     """A schema name must be a plain identifier; exactly one of dsn and pool."""
     for bad in ("", "1abc", "a-b", 'x"; DROP TABLE y; --', "a" * 64):
         with pytest.raises(ValueError, match="schema"):
@@ -187,7 +183,7 @@ def test_postgres_arguments_are_validated() -> None:
         PostgresJobStore()
 
 
-def test_missing_psycopg_gives_the_install_hint() -> None:
+def test_missing_psycopg_hint() -> None:
     """Without psycopg the package imports, and PostgresJobStore names the extra to install."""
     code = (
         "import sys\n"

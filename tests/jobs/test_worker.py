@@ -60,7 +60,7 @@ def make_worker(store: Any, clock: ManualClock, **kw: Any) -> JobWorker[Any]:
     return JobWorker(store, clock=clock, owner="w1", **options)
 
 
-async def test_worker_is_the_jobs_participant(store: CountingStore, clock: ManualClock) -> None:
+async def test_worker_is_participant(store: CountingStore, clock: ManualClock) -> None:
     """JobWorker satisfies WorkParticipant under the 'jobs' counter."""
     worker = make_worker(store, clock)
     assert isinstance(worker, WorkParticipant)
@@ -68,7 +68,7 @@ async def test_worker_is_the_jobs_participant(store: CountingStore, clock: Manua
     assert worker.in_flight() == 0
 
 
-async def test_runs_jobs_and_stores_results(store: CountingStore, clock: ManualClock) -> None:
+async def test_runs_and_stores_results(store: CountingStore, clock: ManualClock) -> None:
     """A registered handler runs each job; its return value is the stored result."""
     worker = make_worker(store, clock)
 
@@ -86,7 +86,7 @@ async def test_runs_jobs_and_stores_results(store: CountingStore, clock: ManualC
     await worker.stop()
 
 
-async def test_handler_writes_commit_with_the_job(store: CountingStore, clock: ManualClock) -> None:
+async def test_handler_writes_commit(store: CountingStore, clock: ManualClock) -> None:
     """A handler that opens lease.commit() writes in the completion transaction."""
     worker = make_worker(store, clock)
 
@@ -127,7 +127,7 @@ async def test_failures_back_off_then_bury(store: CountingStore, clock: ManualCl
     await worker.stop()
 
 
-async def test_unknown_queue_is_not_claimed(store: CountingStore, clock: ManualClock) -> None:
+async def test_unknown_queue_unclaimed(store: CountingStore, clock: ManualClock) -> None:
     """A worker claims only queues it has handlers for."""
     worker = make_worker(store, clock)
     job = await store.enqueue("nobody-handles-this", {})
@@ -137,9 +137,7 @@ async def test_unknown_queue_is_not_claimed(store: CountingStore, clock: ManualC
     await worker.stop()
 
 
-async def test_idle_loop_sleeps_and_enqueue_wakes_it(
-    store: CountingStore, clock: ManualClock
-) -> None:
+async def test_enqueue_wakes_idle_loop(store: CountingStore, clock: ManualClock) -> None:
     """An empty claim sleeps idle_interval on the clock; an enqueue here wakes it at once."""
     worker = make_worker(store, clock, idle_interval=5.0)
     done: list[int] = []
@@ -158,7 +156,7 @@ async def test_idle_loop_sleeps_and_enqueue_wakes_it(
     await worker.stop()
 
 
-async def test_claims_are_sized_to_free_slots(store: CountingStore, clock: ManualClock) -> None:
+async def test_claims_sized_to_slots(store: CountingStore, clock: ManualClock) -> None:
     """Each claim asks for exactly the free slots; a full worker does not claim."""
     worker = make_worker(store, clock, concurrency=3)
     gates: dict[int, asyncio.Event] = {}
@@ -186,9 +184,7 @@ async def test_claims_are_sized_to_free_slots(store: CountingStore, clock: Manua
     await worker.stop()
 
 
-async def test_one_heartbeat_call_covers_every_lease(
-    store: CountingStore, clock: ManualClock
-) -> None:
+async def test_one_heartbeat_call(store: CountingStore, clock: ManualClock) -> None:
     """Every tick extends all held leases in one batched store call."""
     worker = make_worker(store, clock)
     release = asyncio.Event()
@@ -210,7 +206,7 @@ async def test_one_heartbeat_call_covers_every_lease(
     await worker.stop()
 
 
-async def test_lost_lease_cancels_the_handler(store: CountingStore, clock: ManualClock) -> None:
+async def test_lost_lease_cancels(store: CountingStore, clock: ManualClock) -> None:
     """When a heartbeat finds the lease lost, the handler is cancelled and nothing commits."""
     worker = make_worker(store, clock)
     cancelled: list[int] = []
@@ -267,7 +263,7 @@ async def test_start_once_and_stop_twice(store: CountingStore, clock: ManualCloc
     assert worker.statistics().paused
 
 
-async def test_sweep_reclaims_expired_leases(store: CountingStore, clock: ManualClock) -> None:
+async def test_sweep_reclaims_expired(store: CountingStore, clock: ManualClock) -> None:
     """The claim loop's sweep requeues another owner's expired lease and runs the job."""
     await store.enqueue("q", {})
     [crashed] = await store.inner.claim("crashed-owner", 1, 5.0)
@@ -288,9 +284,7 @@ async def test_sweep_reclaims_expired_leases(store: CountingStore, clock: Manual
     await worker.stop()
 
 
-async def test_result_that_is_not_json_fails_only_its_job(
-    store: CountingStore, clock: ManualClock
-) -> None:
+async def test_non_json_result_fails_job(store: CountingStore, clock: ManualClock) -> None:
     """A handler returning a non-JSON value fails its own job; batch neighbours complete."""
     worker = make_worker(store, clock)
 
@@ -309,3 +303,41 @@ async def test_result_that_is_not_json_fails_only_its_job(
     for job in good:
         assert (await store.get(job.id)).result == "fine"
     await worker.stop()
+
+
+class HeartbeatBreaksClock:
+    """A manual clock whose sleep of ``broken`` seconds raises: one loop crashes, not the other."""
+
+    def __init__(self, clock: ManualClock, broken: float) -> None:
+        self.clock = clock
+        self.broken = broken
+
+    def monotonic(self) -> float:
+        return self.clock.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds == self.broken:
+            raise RuntimeError("the heartbeat's clock broke")
+        await self.clock.sleep(seconds)
+
+
+async def test_crashed_loop_recorded(store: CountingStore, clock: ManualClock) -> None:
+    """The worker's loops share one group: a crash cancels the other loop and is recorded."""
+    before = asyncio.all_tasks()
+    broken = HeartbeatBreaksClock(clock, broken=10.0)
+    worker = JobWorker(store, clock=broken, owner="w1", lease=30.0, heartbeat_every=10.0)
+    worker.start()
+    await until(lambda: worker.statistics().last_error is not None)
+    await settle()
+    assert worker.statistics().last_error == "RuntimeError: the heartbeat's clock broke"
+    left = {task.get_name() for task in asyncio.all_tasks() - before}
+    assert not any(name.startswith("forgezero-jobs-claim") for name in left)
+    await worker.stop(timeout=1.0)
+
+
+async def test_drain_is_deprecated(store: CountingStore, clock: ManualClock) -> None:
+    """``JobWorker.drain(timeout)`` still finishes the worker's jobs, and warns."""
+    worker = make_worker(store, clock)
+    with pytest.warns(DeprecationWarning, match=r"call finish\(timeout\)"):
+        await worker.drain(1.0)
+    assert worker.statistics().paused

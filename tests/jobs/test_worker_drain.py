@@ -44,9 +44,7 @@ class Blocking:
         return "finished"
 
 
-async def test_pause_stops_claiming_and_running_jobs_finish(
-    store: CountingStore, clock: ManualClock
-) -> None:
+async def test_pause_stops_claiming(store: CountingStore, clock: ManualClock) -> None:
     """After pause_intake nothing new is claimed; admitted jobs run to completion."""
     worker = make_worker(store, clock, concurrency=2, idle_interval=1.0)
     handler = Blocking()
@@ -56,7 +54,7 @@ async def test_pause_stops_claiming_and_running_jobs_finish(
     await until(lambda: len(handler.started) == 2)
     claims_before = len(store.claims)
     worker.pause_intake()
-    drain = asyncio.ensure_future(worker.drain(60.0))
+    drain = asyncio.ensure_future(worker.finish(60.0))
     await settle()
     handler.finish.set()
     await drain
@@ -69,7 +67,7 @@ async def test_pause_stops_claiming_and_running_jobs_finish(
     await worker.stop()
 
 
-async def test_heartbeats_continue_during_drain(store: CountingStore, clock: ManualClock) -> None:
+async def test_heartbeats_during_drain(store: CountingStore, clock: ManualClock) -> None:
     """Leases stay alive while a drain waits for long-running jobs."""
     worker = make_worker(store, clock)
     handler = Blocking()
@@ -77,7 +75,7 @@ async def test_heartbeats_continue_during_drain(store: CountingStore, clock: Man
     job = await store.enqueue("q", {})
     worker.start()
     await until(lambda: handler.started == [job.id])
-    drain = asyncio.ensure_future(worker.drain(120.0))
+    drain = asyncio.ensure_future(worker.finish(120.0))
     await settle()
     for _ in range(6):  # 60 s: twice the lease
         await clock.advance(10.0)
@@ -89,9 +87,7 @@ async def test_heartbeats_continue_during_drain(store: CountingStore, clock: Man
     await worker.stop()
 
 
-async def test_deadline_cancels_and_releases_unfinished_jobs(
-    store: CountingStore, clock: ManualClock
-) -> None:
+async def test_deadline_releases_jobs(store: CountingStore, clock: ManualClock) -> None:
     """release_margin before the deadline, running handlers are cancelled and released."""
     worker = make_worker(store, clock, release_margin=2.0)
     handler = Blocking()
@@ -99,7 +95,7 @@ async def test_deadline_cancels_and_releases_unfinished_jobs(
     jobs = [await store.enqueue("q", {"i": i}) for i in range(2)]
     worker.start()
     await until(lambda: len(handler.started) == 2)
-    drain = asyncio.ensure_future(worker.drain(10.0))
+    drain = asyncio.ensure_future(worker.finish(10.0))
     await clock.advance(7.9)
     assert handler.cancelled == []
     assert not drain.done()
@@ -122,7 +118,7 @@ async def test_rollback_resumes_claiming(store: CountingStore, clock: ManualCloc
     job = await store.enqueue("q", {})
     worker.start()
     await until(lambda: handler.started == [job.id])
-    drain = asyncio.ensure_future(worker.drain(4.0))
+    drain = asyncio.ensure_future(worker.finish(4.0))
     await clock.advance(4.0)
     await drain
     assert (await store.get(job.id)).state == "queued"
@@ -133,9 +129,7 @@ async def test_rollback_resumes_claiming(store: CountingStore, clock: ManualCloc
     await worker.stop()
 
 
-async def test_enqueue_while_draining_waits_for_the_next_generation(
-    store: CountingStore, clock: ManualClock
-) -> None:
+async def test_enqueue_while_draining(store: CountingStore, clock: ManualClock) -> None:
     """Enqueue writes to the store during a drain; the next worker claims it at once."""
     old = make_worker(store, clock)
     old.handler("q")(Blocking())
@@ -170,7 +164,7 @@ class GatedClaims(CountingStore):
         return leases
 
 
-async def test_claim_racing_the_pause_is_released(clock: ManualClock) -> None:
+async def test_racing_claim_released(clock: ManualClock) -> None:
     """Leases from a claim that was in flight at pause time are released, never run."""
     store = GatedClaims(MemoryJobStore(now=clock.monotonic))
     worker = make_worker(store, clock)
@@ -180,7 +174,7 @@ async def test_claim_racing_the_pause_is_released(clock: ManualClock) -> None:
     worker.start()
     await until(lambda: store.claims == [4])
     worker.pause_intake()
-    drain = asyncio.ensure_future(worker.drain(30.0))
+    drain = asyncio.ensure_future(worker.finish(30.0))
     await settle()
     assert not drain.done()  # waits for the claim in flight
     store.gate.set()
@@ -191,9 +185,7 @@ async def test_claim_racing_the_pause_is_released(clock: ManualClock) -> None:
     await worker.stop()
 
 
-async def test_handler_ignoring_cancellation_is_released_and_fenced(
-    store: CountingStore, clock: ManualClock
-) -> None:
+async def test_stubborn_handler_fenced(store: CountingStore, clock: ManualClock) -> None:
     """A handler that swallows cancellation still loses its job; its late commit fails."""
     worker = make_worker(store, clock, release_margin=2.0)
     outcome: list[str] = []
@@ -216,7 +208,7 @@ async def test_handler_ignoring_cancellation_is_released_and_fenced(
     job = await store.enqueue("q", {})
     worker.start()
     await until(lambda: worker.in_flight() == 1)
-    drain = asyncio.ensure_future(worker.drain(10.0))
+    drain = asyncio.ensure_future(worker.finish(10.0))
     await clock.advance(8.0)
     await clock.advance(1.0)
     await drain
@@ -265,7 +257,7 @@ class StuckRelease(CountingStore):
         await asyncio.Event().wait()
 
 
-async def test_drain_returns_by_the_deadline_even_if_release_waits(clock: ManualClock) -> None:
+async def test_drain_ends_by_deadline(clock: ManualClock) -> None:
     """A release stuck behind a lock does not hold the drain past its deadline."""
     store = StuckRelease(MemoryJobStore(now=clock.monotonic))
     worker = make_worker(store, clock, release_margin=2.0)
@@ -274,7 +266,7 @@ async def test_drain_returns_by_the_deadline_even_if_release_waits(clock: Manual
     await store.enqueue("q", {})
     worker.start()
     await until(lambda: len(handler.started) == 1)
-    drain = asyncio.ensure_future(worker.drain(10.0))
+    drain = asyncio.ensure_future(worker.finish(10.0))
     await clock.advance(9.9)
     assert not drain.done()
     await clock.advance(0.1)

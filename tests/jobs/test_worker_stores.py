@@ -21,7 +21,7 @@ async def wait_for_stats(kit: StoreKit, expected: JobStatistics, seconds: float 
             await anyio.sleep(0.02)
 
 
-async def test_burn_down_completes_every_job_once(kit: StoreKit) -> None:
+async def test_burn_down_exactly_once(kit: StoreKit) -> None:
     """Jobs with and without handler writes all complete, each exactly once."""
     worker = JobWorker(kit.store, concurrency=8, lease=2.0, idle_interval=0.05, owner="w")
     runs: list[int] = []
@@ -56,7 +56,7 @@ async def test_burn_down_completes_every_job_once(kit: StoreKit) -> None:
     assert worker.statistics().completed == 40
 
 
-async def test_drain_releases_unfinished_jobs_for_the_next_generation(kit: StoreKit) -> None:
+async def test_drain_releases_unfinished(kit: StoreKit) -> None:
     """Near the deadline running jobs are released; a new worker claims them at once."""
     old = JobWorker(kit.store, concurrency=4, lease=30.0, owner="old", release_margin=0.4)
     started = asyncio.Event()
@@ -74,7 +74,7 @@ async def test_drain_releases_unfinished_jobs_for_the_next_generation(kit: Store
         while old.in_flight() < 3:  # noqa: ASYNC110 - counts from another task group
             await anyio.sleep(0.01)
     with anyio.fail_after(5):
-        await old.drain(1.2)
+        await old.finish(1.2)
     assert old.in_flight() == 0
     assert await kit.store.statistics() == JobStatistics(queued=3)
     await old.stop(timeout=0.5)

@@ -22,7 +22,7 @@ import uvicorn
 
 from forgezero_lifecycle.runtime import Runtime
 from forgezero_lifecycle.wire import paths
-from tests.server._servers import free_port
+from tests.real_servers._servers import free_port
 
 from ._asgi import CONTROL_TOKEN, HANDOFF_TOKEN, REVISION, NoteState, inner_app, make_runtime
 
@@ -131,7 +131,7 @@ async def _no_handoff_started(runtime: Runtime) -> None:
     ids=["drain-begin", "drain-rollback", "state-begin"],
 )
 @pytest.mark.parametrize("bad", CONTROL_BAD.values(), ids=CONTROL_BAD.keys())
-async def test_state_changing_endpoint_without_the_right_token_is_401_and_changes_nothing(
+async def test_write_without_token_401(
     path: str, body: dict[str, Any], bad: tuple[dict[str, str], dict[str, str]], drained: bool
 ) -> None:
     """A valid body with a bad token: 401, and no drain, rollback or handoff happens."""
@@ -162,9 +162,7 @@ async def test_state_changing_endpoint_without_the_right_token_is_401_and_change
     ids=["drain-status", "drain-current", "state-status", "schedules-status", "state-export"],
 )
 @pytest.mark.parametrize("bad", list(CONTROL_BAD), ids=list(CONTROL_BAD))
-async def test_reading_endpoint_without_the_right_token_is_401(
-    path: str, kind: str, bad: str
-) -> None:
+async def test_read_without_token_401(path: str, kind: str, bad: str) -> None:
     """Status and export reveal nothing without their own token (the other kind included)."""
     note = NoteState()
     runtime, app = make_runtime(note)
@@ -204,7 +202,7 @@ async def _served(app: Any) -> AsyncIterator[str]:
         await asyncio.wait_for(task, 10)
 
 
-async def test_tokens_and_the_value_never_appear_in_logs_status_or_error_bodies(
+async def test_tokens_never_shown(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A full drain + handoff + rollback, good and bad calls: no token or value leaks anywhere."""

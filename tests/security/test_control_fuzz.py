@@ -510,7 +510,7 @@ def _nonce_in(body: bytes) -> list[str]:
 
 
 @pytest.mark.timeout(scale(60, 1200))
-def test_fuzzed_control_requests_never_5xx_always_coded_and_change_nothing(
+def test_fuzzed_requests_safe(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Any request to any control path: documented 4xx code, no state change, no token leak."""
@@ -558,7 +558,7 @@ JSON: Final = (b"content-type", b"application/json")
 
 
 @pytest.mark.anyio
-async def test_content_length_of_non_ascii_digits_is_413_not_500() -> None:
+async def test_non_ascii_length_413() -> None:
     """A Content-Length that is not ASCII digits is refused as too large, never a 5xx."""
     _, app = make_runtime()
     answer = await call(
@@ -573,7 +573,7 @@ async def test_content_length_of_non_ascii_digits_is_413_not_500() -> None:
 
 
 @pytest.mark.anyio
-async def test_query_string_with_a_raw_non_utf8_byte_gets_a_4xx() -> None:
+async def test_non_utf8_query_4xx() -> None:
     """A query string byte that is not UTF-8 is bad input: a 4xx, not an exception."""
     _, app = make_runtime()
     status = paths.RUNTIME_DRAIN_STATUS_PATH
@@ -589,7 +589,7 @@ async def test_query_string_with_a_raw_non_utf8_byte_gets_a_4xx() -> None:
 
 
 @pytest.mark.anyio
-async def test_client_hanging_up_mid_body_is_not_an_internal_error(
+async def test_hang_up_mid_body_no_5xx(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A client that disconnects before its body ends gets no 5xx and leaves no error log."""

@@ -160,9 +160,7 @@ async def _exchange(generation: Generation, payload: bytes) -> list[int]:
 
 @pytest.mark.parametrize("kind", ["uvicorn-h11", "uvicorn-httptools"])
 @pytest.mark.timeout(60)
-async def test_no_framing_trick_admits_work_into_a_drained_generation(
-    fleet: Fleet, kind: str
-) -> None:
+async def test_no_framing_trick_admits(fleet: Fleet, kind: str) -> None:
     """Smuggled or oddly framed requests to a drained uvicorn: never a 2xx, never admitted."""
     generation = await fleet.start(f"f-{kind}", kind=kind)
     nonce = await generation.begin_drain()
@@ -193,11 +191,11 @@ async def test_no_framing_trick_admits_work_into_a_drained_generation(
 
 
 @pytest.mark.timeout(60)
-async def test_control_client_hanging_up_mid_body_leaves_no_error_in_the_server_log(
+async def test_hang_up_leaves_no_error(
     fleet: Fleet,
 ) -> None:
     """A control request whose client disconnects mid-body is not an internal error."""
-    from tests.server._control import CONTROL_TOKEN
+    from tests.real_servers._control import CONTROL_TOKEN
 
     generation = await fleet.start("f-hangup", kind="uvicorn-h11")
     host, port = generation.url.removeprefix("http://").split(":")

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server._servers import RunningServer, start_server, stop_server
+from tests.real_servers._servers import RunningServer, start_server, stop_server
 
 pytestmark = pytest.mark.server
 
@@ -41,12 +41,12 @@ def get(server: RunningServer, *, source: str, headers: dict[str, str] | None = 
         return client.get(server.url + STATUS, headers=headers).status_code
 
 
-def test_a_direct_loopback_client_is_admitted(server: RunningServer) -> None:
+def test_direct_loopback_admitted(server: RunningServer) -> None:
     """The baseline: 127.0.0.1 with a loopback Host reaches the handler (404: no such drain)."""
     assert get(server, source="127.0.0.1") == 404
 
 
-def test_x_forwarded_for_does_not_make_another_peer_loopback(server: RunningServer) -> None:
+def test_forwarded_for_ignored(server: RunningServer) -> None:
     """127.0.0.2 claiming X-Forwarded-For: 127.0.0.1 (or Forwarded) is refused."""
     assert get(server, source="127.0.0.2") == 401
     assert get(server, source="127.0.0.2", headers={"X-Forwarded-For": "127.0.0.1"}) == 401
@@ -55,6 +55,6 @@ def test_x_forwarded_for_does_not_make_another_peer_loopback(server: RunningServ
 
 
 @pytest.mark.parametrize("host", ["attacker.example", "attacker.example:8000", "127.0.0.1.nip.io"])
-def test_a_host_that_is_not_a_loopback_name_is_refused(server: RunningServer, host: str) -> None:
+def test_non_loopback_host_refused(server: RunningServer, host: str) -> None:
     """A rebound DNS name reaches a loopback socket, but its Host gives it away."""
     assert get(server, source="127.0.0.1", headers={"Host": host}) == 401

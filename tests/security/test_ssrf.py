@@ -103,7 +103,7 @@ def _begin_body(url: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("url", REFUSED.values(), ids=REFUSED.keys())
-async def test_non_loopback_handoff_source_is_refused_before_any_fetch(url: str) -> None:
+async def test_remote_source_refused(url: str) -> None:
     """400 RUNTIME_STATE_SOURCE_INVALID, no handoff started, nothing imported."""
     note = NoteState()
     runtime, app = make_runtime(note)
@@ -181,7 +181,7 @@ REDIRECT_TARGETS: Final = {
 
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
 @pytest.mark.parametrize("target", REDIRECT_TARGETS.values(), ids=REDIRECT_TARGETS.keys())
-async def test_redirect_from_a_loopback_source_is_never_followed(status: int, target: str) -> None:
+async def test_redirect_not_followed(status: int, target: str) -> None:
     """Any 3xx ends the handoff failed with its status after exactly one request."""
     canary = _Source(b"HTTP/1.1 500 Boom\r\nContent-Length: 0\r\n\r\n")
     async with _listening(canary) as canary_port:
@@ -202,7 +202,7 @@ async def test_redirect_from_a_loopback_source_is_never_followed(status: int, ta
 @pytest.mark.parametrize(
     "host", ["2130706433", "0x7f000001", "0177.0.0.1", "127.1", "0x7f.1", "127.0.0.1."]
 )
-async def test_numeric_spelling_of_127_0_0_1_reaches_127_0_0_1_itself(host: str) -> None:
+async def test_numeric_loopback_spelling(host: str) -> None:
     """The WHATWG-normalised address is what is fetched: Host says 127.0.0.1, no resolver."""
     source = _Source(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
     async with _listening(source) as port:

@@ -25,12 +25,13 @@ def _error_codes(response: dict[str, Any]) -> list[str]:
     return codes
 
 
-def test_the_shipped_document_is_the_one_the_wire_models_build() -> None:
-    """Regenerate with `python -m forgezero_lifecycle.wire.openapi` when a model changes."""
+def test_shipped_document_current() -> None:
+    """The shipped document is the one the wire models build: regenerate it with
+    `python -m forgezero_lifecycle.wire.openapi` when a model changes."""
     assert document_bytes() == dumps(build_document())
 
 
-def test_every_error_code_is_a_library_code_under_its_own_status() -> None:
+def test_error_codes_and_statuses() -> None:
     """Each documented code exists and is answered with the status it is listed under."""
     document = build_document()
     seen = 0
@@ -49,8 +50,9 @@ def test_every_error_code_is_a_library_code_under_its_own_status() -> None:
     assert seen > 30
 
 
-def test_every_control_route_is_documented_with_its_method_and_token() -> None:
-    """The document's paths are exactly the control plane's routes plus the opt-in document."""
+def test_every_route_documented() -> None:
+    """The document's paths are exactly the control plane's routes plus the opt-in document,
+    each with its method and its token."""
     runtime = Runtime(control_token=TOKEN)
     routes = runtime.control._routes
     document = build_document()
@@ -63,7 +65,7 @@ def test_every_control_route_is_documented_with_its_method_and_token() -> None:
         assert operation["security"] == expected, path
 
 
-def test_every_string_pattern_is_anchored() -> None:
+def test_patterns_are_anchored() -> None:
     """JSON Schema patterns search; the wire's match the whole string, so both ends are anchored."""
     patterns = [
         value
@@ -87,8 +89,9 @@ def _walk(value: Any) -> Any:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("enabled", [True, False])
-async def test_the_document_is_served_only_when_enabled(enabled: bool) -> None:
-    """Runtime(openapi=True) serves it without a token; otherwise the path is not found."""
+async def test_served_only_when_enabled(enabled: bool) -> None:
+    """The document is served only when enabled: Runtime(openapi=True) serves it without a
+    token; otherwise the path is not found."""
     app = Starlette()
     Runtime(control_token=TOKEN, openapi=enabled).install(app)
     transport = httpx.ASGITransport(app=app)
@@ -105,7 +108,7 @@ async def test_the_document_is_served_only_when_enabled(enabled: bool) -> None:
         assert (response.status_code, response.json()["error"]) == (404, "RUNTIME_NOT_FOUND")
 
 
-def test_the_control_fuzzers_expectations_are_all_documented() -> None:
+def test_fuzzer_codes_documented() -> None:
     """Every code the in-process control fuzzer accepts for a path is in the document there."""
     from tests.security.test_control_fuzz import ROUTES
 

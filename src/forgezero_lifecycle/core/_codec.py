@@ -22,7 +22,7 @@ import hashlib
 import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Generic, ParamSpec, TypeVar, cast, final
+from typing import Any, Concatenate, Final, Generic, ParamSpec, TypeVar, cast, final
 
 from pydantic import BaseModel
 
@@ -51,6 +51,7 @@ __all__ = ["Leftovers", "StateCodec"]
 T = TypeVar("T", bound=BaseModel)
 
 
+S = TypeVar("S", bound="StateCodec[Any]")
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -59,42 +60,48 @@ R = TypeVar("R")
 _PROMOTES: Final = not sysconfig.get_config_var("Py_GIL_DISABLED")
 
 
-def gc_paused(step: Callable[P, R]) -> Callable[P, R]:
-    """Run a synchronous, allocation-heavy step with the cyclic collector paused.
+def gc_paused(step: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
+    """Run a synchronous, allocation-heavy step of a codec whose ``pause_collector`` is on with
+    the cyclic collector paused; with it off (the default), the step runs as it is.
 
     Sealing or opening a 1 MiB state allocates hundreds of thousands of containers at once, and
-    the collector would rescan them again and again (measured: twice the time of the step). The
-    step never awaits, so no other coroutine runs while collection is paused; it is re-enabled
-    (if it was enabled) as soon as the step returns or raises.
+    the collector rescans them again and again. The step never awaits, so no other coroutine
+    runs while collection is paused; it is re-enabled (if it was enabled) as soon as the step
+    returns or raises. The collector is the whole process's: the app's other threads run
+    without it meanwhile, which is why this is the app's choice, off unless it asks.
     """
 
     return _collector_paused(step, promote=False)
 
 
-def gc_paused_keeping(step: Callable[P, R]) -> Callable[P, R]:
+def gc_paused_keeping(step: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
     """:func:`gc_paused`, for a step whose result (a large typed value) outlives it, or that
     leaves large temporaries to be freed later (:class:`Leftovers`).
 
     Re-enabled, the collector would scan every container the step made, at the next young
     collection (for a 1 MiB state, ten milliseconds or so, on the way to the acknowledgement),
     then again in the middle generation: they are long-lived state, so they go straight to the
-    oldest generation (``gc.freeze`` then ``gc.unfreeze``: two list splices, no scan), as they
-    would after two collections. Whatever else was young goes along, its cycles collected by the
-    next full collection instead. Not done when the app froze objects itself (``gc.freeze``
-    before a fork, say): ``unfreeze`` would release them too, and the collector scans the
-    value as usual. Nor on a free-threaded build, whose ``freeze`` visits every object.
+    oldest generation (``gc.freeze`` then ``gc.unfreeze``: no scan), as they would after two
+    collections. Whatever else was young goes along, its cycles collected by the next full
+    collection instead. Not done when the app froze objects itself (``gc.freeze`` before a
+    fork, say): ``unfreeze`` would release them too, and the collector scans the value as
+    usual. Nor on a free-threaded build, whose ``freeze`` visits every object.
     """
 
     return _collector_paused(step, promote=True)
 
 
-def _collector_paused(step: Callable[P, R], *, promote: bool) -> Callable[P, R]:
+def _collector_paused(
+    step: Callable[Concatenate[S, P], R], *, promote: bool
+) -> Callable[Concatenate[S, P], R]:
     @functools.wraps(step)
-    def paused(*args: P.args, **kwargs: P.kwargs) -> R:
+    def paused(codec: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if not codec.pause_collector:
+            return step(codec, *args, **kwargs)
         enabled = gc.isenabled()
         gc.disable()
         try:
-            return step(*args, **kwargs)
+            return step(codec, *args, **kwargs)
         finally:
             if enabled:
                 if promote and _promoted_on_exit():
@@ -119,8 +126,9 @@ class Leftovers:
     the import check: hundreds of thousands of objects) takes milliseconds. A step given a
     holder leaves them in it, unscanned in the collector's oldest generation
     (:func:`gc_paused_keeping`), and the caller calls :meth:`drop` off the way to its answer:
-    after the export's last byte. Where they could not go there unscanned (the app froze
-    objects itself, a free-threaded build), the step frees them itself, as without a holder.
+    after the export's last byte. Where they could not go there unscanned (the codec leaves the
+    collector alone, the app froze objects itself, a free-threaded build), the step frees them
+    itself, as without a holder: young, they would be scanned by every collection meanwhile.
 
     One-shot: it holds one step's objects at most, and :meth:`hold` lets go of what it held.
     """
@@ -152,11 +160,13 @@ class StateCodec(Generic[T]):
     schema_version: int
     maximum_bytes: int
     model: type[T]
+    #: Pause the process's cyclic collector while sealing and opening (:func:`gc_paused`).
+    pause_collector: bool = False
     #: The SHA-256 of the last value JSON that passed :meth:`_check_imports` (one at most).
     _imports_checked: set[bytes] = field(default_factory=set, compare=False, repr=False)
 
     @classmethod
-    def of(cls, adapter: object) -> StateCodec[Any]:
+    def of(cls, adapter: object, *, pause_collector: bool = False) -> StateCodec[Any]:
         """Check an adapter's settings (``RUNTIME_STATE_ADAPTER_INVALID``) and keep them."""
         protocol = getattr(adapter, "protocol", None)
         if not isinstance(protocol, str) or HANDOFF_TEXT_PATTERN.fullmatch(protocol) is None:
@@ -172,7 +182,7 @@ class StateCodec(Generic[T]):
                 "RUNTIME_STATE_ADAPTER_INVALID", "model must be a pydantic BaseModel subclass"
             )
         refuse_secret_fields(model)
-        return StateCodec(protocol, schema_version, maximum_bytes, model)
+        return StateCodec(protocol, schema_version, maximum_bytes, model, pause_collector)
 
     @gc_paused
     def seal(
@@ -194,10 +204,10 @@ class StateCodec(Generic[T]):
     ) -> tuple[str, bytes]:
         """The digest and canonical JSON document of :meth:`seal`, without the envelope model.
 
-        The collector never scans the dumped value: what the export endpoint needs. Without
-        ``leftovers`` it dies inside the step, with the import check's typed value; with them,
-        both are left there, in the oldest generation, for the caller to free once the
-        document is sent (:class:`Leftovers`) instead of before.
+        Without ``leftovers`` the dumped value dies inside the step, with the import check's
+        typed value. With them and ``pause_collector`` on, both are left there, in the oldest
+        generation, for the caller to free once the document is sent (:class:`Leftovers`)
+        instead of before; with it off, they die inside the step all the same.
         """
         signed, document = self._seal(cursor, value, source, target, leftovers)
         return cast("str", signed["digest"]), document
@@ -225,7 +235,7 @@ class StateCodec(Generic[T]):
                 "RUNTIME_STATE_EXPORT_TOO_LARGE",
                 f"{len(encoded)} bytes of canonical JSON, the limit is {self.maximum_bytes}",
             )
-        if leftovers is not None and _promoted_on_exit():
+        if leftovers is not None and self.pause_collector and _promoted_on_exit():
             leftovers.hold(data, checked)  # freed after the answer; a refused seal holds nothing
         del checked
         signed = {**unsigned, "digest": digest_of(encoded)}
@@ -271,11 +281,11 @@ class StateCodec(Generic[T]):
     def open_body(self, request: StateHandoffRequest, body: bytes) -> tuple[T, StateImportContext]:
         """:meth:`open` of a fetched body, read strictly as JSON (:mod:`._document`) first.
 
-        Reading and opening are one collector-paused step. The parsed envelope is freed as soon
-        as its canonical JSON is made, before the value is validated, so the typed value is
-        built in the memory it leaves (in a fresh process, fewer new pages to fault in); the
-        typed value, which outlives the step, goes to the collector's oldest generation
-        unscanned (:func:`gc_paused_keeping`).
+        Reading and opening are one step. The parsed envelope is freed as soon as its canonical
+        JSON is made, before the value is validated, so the typed value is built in the memory
+        it leaves (in a fresh process, fewer new pages to fault in). With ``pause_collector``
+        on, the step runs with the collector paused and the typed value, which outlives it,
+        goes to the collector's oldest generation unscanned (:func:`gc_paused_keeping`).
         """
         envelope, by_orjson = read_document(body)
         return self._open(request, envelope, parsed_by_orjson=by_orjson, owned=True)

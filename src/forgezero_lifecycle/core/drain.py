@@ -27,9 +27,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, final
 
-from .._clock import Clock, SystemClock, first
+from .._clock import Clock, SystemClock
 from .._errors import DrainConflictError, DrainFailedError, DrainNotFoundError, LifecycleError
 from .._events import emit, nonce_prefix
+from .._race import first
 from ..wire._protocol import DrainState, is_nonce
 
 if TYPE_CHECKING:
@@ -38,7 +39,13 @@ if TYPE_CHECKING:
     from ..wire.accepted import Accepted
     from ..wire.drain import DrainRequest, DrainStatus, WorkCounters
 
-__all__ = ["DrainController", "DrainDependencies", "DrainStatistics", "GenerationState"]
+__all__ = [
+    "DrainController",
+    "DrainDependencies",
+    "DrainOrigin",
+    "DrainStatistics",
+    "GenerationState",
+]
 
 logger = logging.getLogger("forgezero_lifecycle.drain")
 
@@ -47,6 +54,9 @@ MAX_FAILURE_CODE_POINTS: Final = 128
 #: Where this generation stands: ``serving`` before any drain and after a rollback. A drain's
 #: wire status is the same value, except that a rolled-back drain reports ``rolled-back``.
 GenerationState = Literal["serving", "draining", "drained", "failed"]
+
+#: Where a drain came from: a drain request on the control plane, or a signal the process got.
+DrainOrigin = Literal["control", "signal"]
 
 
 class DrainDependencies(Protocol):
@@ -99,9 +109,12 @@ class DrainController:
         revision: str | None = None,
         clock: Clock | None = None,
         detail: Callable[[], dict[str, Any] | None] | None = None,
+        admit: Callable[[DrainOrigin], None] | None = None,
     ) -> None:
         self._deps = dependencies
         self._detail = detail
+        #: Raises a :class:`LifecycleError` to refuse a new drain before anything changes.
+        self._admit = admit
         self._revision = revision
         # Measures the drain (events, metrics, remaining()); the deadline fires by deps.sleep,
         # which the runtime runs on this same clock.
@@ -113,10 +126,12 @@ class DrainController:
         self._durations: list[float] = []
         # The last drain begun (kept after a rollback, so its nonce is still found by status).
         self._request: DrainRequest | None = None
+        self._origin: DrainOrigin = "control"
         self._state: GenerationState = "serving"
         self._failure: str | None = None
         self._retired_nonces: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
+        # The running drain's race and the two futures it races; a rollback cancels all three.
+        self._running: tuple[asyncio.Future[None], ...] = ()
         self._settled = asyncio.Event()
 
     @property
@@ -138,6 +153,11 @@ class DrainController:
     def state(self) -> DrainState | None:
         """The last drain's wire status, or None before the first drain."""
         return None if self._request is None else self._drain_status()
+
+    @property
+    def origin(self) -> DrainOrigin:
+        """Where the last drain begun came from (``control`` before the first drain)."""
+        return self._origin
 
     @property
     def timeout(self) -> float:
@@ -165,8 +185,12 @@ class DrainController:
             "drain back to serve again before beginning another"
         )
 
-    def begin(self, request: object) -> Accepted:
-        """Start draining, or acknowledge an exact retry of the running drain."""
+    def begin(self, request: object, *, origin: DrainOrigin = "control") -> Accepted:
+        """Start draining, or acknowledge an exact retry of the running drain.
+
+        ``origin`` says where the request came from; the dependencies read it as
+        :attr:`origin` while the drain runs (a process's own signal passes ``signal``).
+        """
         from ..wire.accepted import Accepted
         from ..wire.drain import parse_drain_request
 
@@ -186,7 +210,10 @@ class DrainController:
                 "RUNTIME_DRAIN_ALREADY_STARTED",
                 detail="this nonce was rolled back; begin again with a fresh nonce",
             )
+        if self._admit is not None:
+            self._admit(origin)
         self._request = parsed
+        self._origin = origin
         self._state = "draining"
         self._failure = None
         self._settled = asyncio.Event()
@@ -200,6 +227,7 @@ class DrainController:
             source_revision=parsed.source_revision,
             target_revision=parsed.target_revision,
             timeout_ms=parsed.timeout_ms,
+            origin=origin,
         )
         self._start(parsed.timeout_ms)
         return Accepted(duplicate=False)
@@ -235,8 +263,9 @@ class DrainController:
         """Return a draining, drained or failed generation to serving."""
         request = self._find(nonce)
         if self._state != "serving":
-            if self._task is not None and not self._task.done():
-                self._task.cancel()
+            for running in self._running:
+                running.cancel()  # a no-op on one that is done
+            self._running = ()
             self._deps.resume()
             rolled_from = self._state
             if rolled_from == "draining":
@@ -285,8 +314,11 @@ class DrainController:
             self._finish("failed", "RUNTIME_DRAIN_FAILED")
             return
         work = asyncio.ensure_future(_all(started))
+        # A rollback in the same step as begin cancels the work before it ran: close the steps'
+        # coroutines then (a no-op on those that ran), so none is left never awaited.
+        work.add_done_callback(lambda _: _discard_all(started))
         deadline = asyncio.ensure_future(self._deps.sleep(timeout_ms))
-        self._task = asyncio.create_task(self._race(work, deadline))
+        self._running = (asyncio.create_task(self._race(work, deadline)), work, deadline)
 
     async def _race(self, work: asyncio.Future[None], deadline: asyncio.Future[None]) -> None:
         from ..wire.drain import validate_counters
@@ -357,13 +389,25 @@ class DrainController:
 
 
 async def _all(awaitables: list[Awaitable[None]]) -> None:
-    await asyncio.gather(*awaitables)
+    # One group: when one step fails, the others are cancelled instead of running on unseen.
+    async with asyncio.TaskGroup() as group:
+        for awaitable in awaitables:
+            group.create_task(_wait(awaitable))
+
+
+async def _wait(awaitable: Awaitable[None]) -> None:
+    await awaitable
 
 
 def _discard(awaitable: Awaitable[None]) -> None:
     close = getattr(awaitable, "close", None)
     if callable(close):
         close()  # an un-awaited coroutine: close it so it does not warn
+
+
+def _discard_all(awaitables: list[Awaitable[None]]) -> None:
+    for awaitable in awaitables:
+        _discard(awaitable)
 
 
 def _failure_text(cause: BaseException) -> str:

@@ -15,12 +15,12 @@ requests unwrapped counts them cheaper still, as members of a set of its own
 Four flags, four moments of a drain (the runtime module's docstring lists its steps)::
 
     draining   readiness is off; responses carry ``Connection: close``   (drain begin)
-    closed     nothing new is admitted                                   (after not-ready grace)
+    closed     nothing new is admitted; HTTP/2 gets its final GOAWAY     (after not-ready grace)
     notice     WebSockets get close 1012, streams get http.disconnect   (after stream grace)
     cutoff     sends still blocked are given up, their connections too  (at the release margin)
 
-:meth:`watch` hands each of these moments but ``closed`` to a callback, synchronously, inside
-the call that begins it: a request admitted before the drain and not yet wrapped for it can be
+:meth:`watch` hands each of these moments to a callback, synchronously, inside the call that
+begins it: a request admitted before the drain and not yet wrapped for it can be
 acted on before anything else runs (the middleware's uvicorn path, the ``serve`` server).
 """
 
@@ -35,7 +35,7 @@ __all__ = ["DrainMoment", "GateKind", "GateStatistics", "IntakeGate"]
 
 GateKind = Literal["http", "websocket"]
 #: The moments :meth:`IntakeGate.watch` reports, in the order a drain reaches them.
-DrainMoment = Literal["draining", "notice", "cutoff"]
+DrainMoment = Literal["draining", "closed", "notice", "cutoff"]
 
 
 @final
@@ -184,7 +184,8 @@ class IntakeGate:
     def watch(self, watcher: Callable[[DrainMoment], None]) -> None:
         """Call ``watcher`` at each drain moment, synchronously, before the call that begins it
         returns: ``"draining"`` once per drain (by :meth:`begin_draining` or :meth:`close`),
-        ``"notice"`` at :meth:`end_streams`, ``"cutoff"`` at :meth:`cut_off`."""
+        ``"closed"`` once per drain (the first :meth:`close`), ``"notice"`` at
+        :meth:`end_streams`, ``"cutoff"`` at :meth:`cut_off`."""
         self._watchers.append(watcher)
 
     def _tell(self, moment: DrainMoment) -> None:
@@ -202,7 +203,9 @@ class IntakeGate:
     def close(self) -> None:
         """Refuse every new unit from now on; admitted units run on."""
         self.begin_draining()
-        self._open = False
+        if self._open:
+            self._open = False
+            self._tell("closed")
 
     def end_streams(self) -> None:
         """Tell open WebSockets and streaming responses to end now."""

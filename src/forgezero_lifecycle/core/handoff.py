@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast, final
 
 from pydantic import BaseModel, ValidationError
 
-from .._clock import Clock, SystemClock, first
+from .._clock import Clock, SystemClock
 from .._errors import (
     LifecycleError,
     StateConflictError,
@@ -34,6 +34,7 @@ from .._errors import (
     StateTransferFailedError,
 )
 from .._events import emit, nonce_prefix
+from .._race import first
 from ..wire._types import is_nonce, is_revision, safe_int
 from ..wire.handoff import (
     SOURCE_SLACK_BYTES,
@@ -132,14 +133,21 @@ class StateHandoffController(Generic[T]):
         clock: Clock | None = None,
         revision: str | None = None,
         prepare_fetch: bool = True,
+        pause_collector: bool = False,
     ) -> None:
         """``prepare_fetch``: build the fetch (httpx and its loopback transport) now, at
         start-up, so that a handoff never waits for the import (about 100 ms and 6 MiB resident
         in a fresh process). False: build it on the first :meth:`begin`, inside that handoff's
         deadline, for a generation that is not expected to receive state.
+
+        ``pause_collector``: pause the process's cyclic collector while a state is sealed or
+        opened, and hand the typed value to its oldest generation (``core._codec.gc_paused``).
+        Off by default: the collector is the whole process's.
         """
         self._revision = revision
-        self._codec: StateCodec[T] = cast("StateCodec[T]", StateCodec.of(adapter))
+        self._codec: StateCodec[T] = cast(
+            "StateCodec[T]", StateCodec.of(adapter, pause_collector=pause_collector)
+        )
         self._adapter = adapter
         self._transport = transport
         self._fetch: _Fetch | None = None
@@ -177,10 +185,11 @@ class StateHandoffController(Generic[T]):
     async def export_document(self, source_revision: object, target_revision: object) -> bytes:
         """The same envelope as canonical JSON bytes, as the export endpoint serves it.
 
-        The sealing step's large temporaries (the dumped value, the import check's typed value)
-        are kept, unscanned by the collector, until :meth:`release_export`: call it once the
-        document is sent, so that freeing them is not on the way to the response. The next
-        export, and :meth:`aclose`, let go of them too.
+        With ``pause_collector`` on, the sealing step's large temporaries (the dumped value, the
+        import check's typed value) are kept, unscanned by the collector, until
+        :meth:`release_export`: call it once the document is sent, so that freeing them is not
+        on the way to the response. The next export, and :meth:`aclose`, let go of them too.
+        With it off they are freed inside the step.
         """
         self._export_leftovers.drop()
         cursor, value, source, target = await self._exported(source_revision, target_revision)

@@ -21,12 +21,13 @@ The intake pause is the handoff fence: accepted work continues, nothing new is a
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import TypeVar, TypeVarTuple, final
 
-from .._clock import Clock, SystemClock, wait_event
+from .._clock import Clock, SystemClock
 from .._errors import (
     ConfigurationError,
     QueueIntakePausedError,
@@ -34,6 +35,7 @@ from .._errors import (
     QueueStoppedError,
     TaskCancelledError,
 )
+from .._race import wait_event
 from .participant import ParticipantKind
 
 __all__ = ["KeyedQueue", "QueueDrainReport", "QueueParticipant", "QueueStatistics"]
@@ -354,7 +356,7 @@ class QueueParticipant:
     def pause_intake(self) -> None:
         self._queue.pause_intake()
 
-    async def drain(self, timeout: float) -> None:
+    async def finish(self, timeout: float) -> None:
         """Wait for :meth:`KeyedQueue.wait_idle`; queued work is kept and never cancelled.
 
         Memory work cannot be handed to the next generation, so this waits past ``timeout``
@@ -362,6 +364,15 @@ class QueueParticipant:
         work still counted under ``jobs``).
         """
         await self._queue.wait_idle()
+
+    async def drain(self, timeout: float) -> None:
+        """Deprecated name of :meth:`finish`."""
+        warnings.warn(
+            "QueueParticipant.drain(timeout) is deprecated: call finish(timeout)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        await self.finish(timeout)
 
     def resume_intake(self) -> None:
         self._queue.resume_intake()

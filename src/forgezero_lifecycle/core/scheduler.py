@@ -21,6 +21,9 @@ Rules:
 * An exception in a job never stops the scheduler: it is logged on the
   ``forgezero_lifecycle.scheduler`` logger and recorded in the job's statistics
   (``last_result="error"``, ``last_error``, ``consecutive_failures``, reset by the next success).
+  A job's timer that fails (its clock or cron expression raising) is recorded the same way
+  (``last_error`` starts with ``the schedule stopped:``; ``next_run_at`` is None) and logged as
+  ``schedule.timer.failed``.
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import warnings
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import Literal, Self, TypeVar, final
 
-from .._clock import Clock, SystemClock, wait_event
+from .._clock import Clock, SystemClock
 from .._errors import ScheduleIntakePausedError, ScheduleInvalidError, ScheduleNotFoundError
+from .._race import wait_event
 from ._schedule_statistics import ScheduledJobStatistics, SchedulerStatistics
 from .participant import ParticipantKind
 
@@ -249,6 +254,18 @@ class Scheduler:
         job.timer = self._spawn(self._tick(job), f"forgezero-schedule-timer:{job.name}")
         self._timers.add(job.timer)
         job.timer.add_done_callback(self._timers.discard)
+        job.timer.add_done_callback(lambda timer: self._timer_ended(job, timer))
+
+    def _timer_ended(self, job: _Job, timer: asyncio.Task[None]) -> None:
+        # A timer outlives every call that arms it, so its failure is kept in the job's status
+        # (and logged) instead of leaving the schedule quiet; resume() or a rollback re-arms it.
+        if timer.cancelled() or (error := timer.exception()) is None:
+            return
+        if job.timer is timer:
+            job.timer, job.next_due, job.next_cron = None, None, None
+        text = f"the schedule stopped: {type(error).__name__}: {error}"
+        job.last_result, job.last_error = "error", text[:_ERROR_TEXT_LIMIT]
+        _log.error("schedule.timer.failed name=%s error=%r", job.name, error)
 
     def _disarm(self, job: _Job) -> None:
         if job.timer is not None:
@@ -371,13 +388,22 @@ class SchedulerParticipant:
     def pause_intake(self) -> None:
         self._scheduler.pause_intake()
 
-    async def drain(self, timeout: float) -> None:
+    async def finish(self, timeout: float) -> None:
         """Wait for running runs to end; they are never cancelled here.
 
         A run cannot be handed to the next generation, so this waits past ``timeout`` and lets
         the drain's own deadline decide (failed, with the run counted under ``schedules``).
         """
         await self._scheduler.wait_idle()
+
+    async def drain(self, timeout: float) -> None:
+        """Deprecated name of :meth:`finish`."""
+        warnings.warn(
+            "SchedulerParticipant.drain(timeout) is deprecated: call finish(timeout)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        await self.finish(timeout)
 
     def resume_intake(self) -> None:
         self._scheduler.resume_intake()

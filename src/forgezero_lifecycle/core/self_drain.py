@@ -55,7 +55,7 @@ async def self_drain(
     """
     try:
         if not drain.active:
-            drain.begin(self_drain_request(revision, timeout))
+            drain.begin(self_drain_request(revision, timeout), origin="signal")
             return await drain.wait()
         log.info(
             "%s.following_drain: a drain was already begun; waiting for it at most %.1f s",

@@ -16,7 +16,7 @@ import socket
 import sys
 from pathlib import Path
 
-__all__ = ["listening_inodes", "sibling_pids"]
+__all__ = ["listening_inodes", "shares_listener", "sibling_pids"]
 
 _PROC = Path("/proc")
 
@@ -79,6 +79,30 @@ def sibling_pids() -> tuple[int, ...]:
         if mine & _socket_inodes(pid).keys():
             found.append(pid)
     return tuple(sorted(found))
+
+
+def shares_listener(inodes: set[int]) -> bool:
+    """Whether this process's parent, or another child of it, holds one of ``inodes`` (listening
+    sockets of this process): a parent that bound the socket for its workers (``uvicorn
+    --workers``, gunicorn's arbiter, ``serve --workers``) or a sibling worker accepting on it."""
+    if not inodes or not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    if parent <= 1:
+        return False
+    if inodes & _socket_inodes(parent).keys():
+        return True
+    me = os.getpid()
+    try:
+        entries = [entry.name for entry in _PROC.iterdir() if entry.name.isdigit()]
+    except OSError:
+        return False
+    return any(
+        int(name) != me
+        and _parent_of(int(name)) == parent
+        and bool(inodes & _socket_inodes(name).keys())
+        for name in entries
+    )
 
 
 def _parent_of(pid: int) -> int | None:

@@ -6,7 +6,10 @@ lifespan starts, and :class:`SignalDrain` wraps it. The first signal begins the 
 self-drain (:func:`~forgezero_lifecycle.core.self_drain.self_drain`) while the server keeps
 serving; once the drain settles (drained or failed) the server's own handlers are put back and
 the signal is handed to them, so the server's own stop begins only then. A second signal goes
-straight to the server's own handler: its own stop, at once.
+straight to the server's own handler: its own stop, at once; and the requests the middleware
+still runs are cut (:meth:`SignalDrain.when_forced`), since a server's stop that awaits
+``asyncio.Server.wait_closed`` waits until every connection has closed (hypercorn's does so
+before its own ``graceful_timeout`` applies), so a request still running would hold it.
 
 Two kinds of server handler are wrapped, as found at install time (in the main thread only):
 
@@ -19,6 +22,19 @@ Two kinds of server handler are wrapped, as found at install time (in the main t
   loop's private ``_signal_handlers`` table; ours replaces it through ``add_signal_handler``. The
   loop dispatches such a handler itself, whatever Python's table holds, so a loop whose table
   cannot be read (uvloop: ``hypercorn -k uvloop``) is left alone and reported unhookable.
+
+Under uvicorn (``uvicorn app:app``, ``uvicorn --workers N``, gunicorn with a uvicorn worker) the
+hook also gives the server the zero-loss stop of ``forgezero-lifecycle serve``
+(:class:`~forgezero_lifecycle.stop.server.ServerStop`; a uvicorn that lacks what it relies on
+keeps its own stop, and says so at startup). At the first signal:
+
+* on a listener this process bound alone, responses under way close after their last byte and
+  the drain begins; once it settled, uvicorn's stop refuses new handshakes, takes what the
+  listener has queued, gives every connection the first-byte grace and closes lingering;
+* on a listener its parent or sibling workers hold too (a restarted or stopped worker), it hands
+  over first: it stops accepting at once (the queue stays with the siblings) and for
+  ``HANDOVER_GRACE`` answers what arrives on its open connections with ``Connection: close``, so
+  keep-alive clients reconnect to a sibling; then the drain begins, with the rest of the deadline.
 
 Nothing is hooked when no server handler is installed (the default disposition, or Python's own
 ``KeyboardInterrupt`` handler for SIGINT, or ``asyncio.run``'s, as under pytest or
@@ -34,13 +50,18 @@ import asyncio
 import functools
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, Final, Literal, final
+from typing import TYPE_CHECKING, Any, Final, Literal, final
 
 from .drain import DrainController
 from .self_drain import self_drain
+from .siblings import shares_listener
+
+if TYPE_CHECKING:
+    from ..stop.server import ServerStop
 
 __all__ = ["HOOKED_SIGNALS", "SignalDrain"]
 
@@ -67,11 +88,13 @@ class SignalDrain:
     """The runtime's signal hook: :meth:`install` at lifespan startup, :meth:`uninstall` after."""
 
     __slots__ = (
+        "_cuts",
         "_drain",
         "_handler",
         "_hooks",
         "_loop",
         "_revision",
+        "_server_stop",
         "_signalled",
         "_state",
         "_task",
@@ -91,6 +114,8 @@ class SignalDrain:
         self._signalled = False
         self._task: asyncio.Task[None] | None = None
         self._handler: _SignalHandler = self._on_signal
+        self._server_stop: ServerStop | None = None
+        self._cuts: list[Callable[[], None]] = []
         #: True while an install has not been tried yet (the first request tries it then).
         self.pending = enabled
 
@@ -99,11 +124,26 @@ class SignalDrain:
         """Names of the signals whose server handler is wrapped right now."""
         return tuple(signal.Signals(signum).name for signum in self._hooks)
 
+    @property
+    def timeout(self) -> float:
+        """The deadline, in seconds, of the drain a signal begins."""
+        return self._timeout
+
+    @property
+    def zero_loss_stop(self) -> bool:
+        """Whether the server's stop is the zero-loss one (a uvicorn whose stop was attached)."""
+        return self._server_stop is not None
+
     def disable(self) -> None:
         """Never hook: for a server that turns signals into a drain itself (``serve``)."""
         self._restore()
         self._state = "disabled"
         self.pending = False
+
+    def when_forced(self, cut: Callable[[], None]) -> None:
+        """Call ``cut`` when a second signal hands the server its stop before the drain settled:
+        the middleware then cuts the requests it still runs."""
+        self._cuts.append(cut)
 
     def install(self) -> None:
         """Wrap the server's SIGTERM/SIGINT handlers; call on the event loop's thread.
@@ -135,7 +175,12 @@ class SignalDrain:
         if signal.SIGTERM not in found:
             logger.warning(_UNHOOKABLE, reason)
         else:
-            logger.info("signal.hooked signals=%s", ",".join(self.hooked))
+            self._server_stop = _attach_stop(found[signal.SIGTERM])
+            logger.info(
+                "signal.hooked signals=%s zero_loss_stop=%s",
+                ",".join(self.hooked),
+                self.zero_loss_stop,
+            )
 
     def uninstall(self, *, final: bool = True) -> None:
         """Put the server's handlers back; ``final=False`` lets the next request try again."""
@@ -186,13 +231,19 @@ class SignalDrain:
         # The server stops on its own now: stop following the drain (it would hand the first
         # signal over a second time) and let every later signal reach the server directly.
         logger.warning(
-            "signal.forced signal=%s: handed to the server's own handler before the drain settled",
+            "signal.forced signal=%s: handed to the server's own handler before the drain "
+            "settled; the requests still running are cut",
             signal.Signals(signum).name,
         )
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self._task = None
         self._restore()
+        for cut in self._cuts:
+            try:
+                cut()
+            except Exception:  # the server's stop goes on regardless
+                logger.exception("signal.cut_failed")
 
     def _begin(self, signum: int) -> None:
         if signum not in self._hooks:
@@ -203,14 +254,31 @@ class SignalDrain:
             signal.Signals(signum).name,
             self._timeout,
         )
-        self._task = asyncio.get_running_loop().create_task(self._drain_then_stop(signum))
+        grace = self._stop_begins()
+        self._task = asyncio.get_running_loop().create_task(self._drain_then_stop(signum, grace))
 
-    async def _drain_then_stop(self, signum: int) -> None:
+    def _stop_begins(self) -> float:
+        """The server's part of a signal's first instant; returns the handover grace (0: none)."""
+        stop = self._server_stop
+        if stop is None:
+            return 0.0
+        from ..stop.server import HANDOVER_GRACE
+
+        stop.shared_listener = not stop.bound_itself or shares_listener(stop.listener_inodes())
+        if not stop.shared_listener:
+            stop.close_after_responses()
+            return 0.0
+        stop.hand_over()
+        return min(HANDOVER_GRACE, self._timeout / 2)
+
+    async def _drain_then_stop(self, signum: int, grace: float = 0.0) -> None:
         try:
+            if grace > 0:  # the handover: open connections move to the siblings first
+                await asyncio.sleep(grace)
             state = await self_drain(
                 self._drain,
                 revision=self._revision,
-                timeout=self._timeout,
+                timeout=self._timeout - grace,
                 log=logger,
                 events="signal",
             )
@@ -255,6 +323,10 @@ class _PlainHook(_Hook):
         self._server = server
         self._ours = ours
 
+    @property
+    def server_handler(self) -> _SignalHandler:
+        return self._server
+
     def install(self) -> None:
         signal.signal(self._signum, self._ours)
 
@@ -298,6 +370,16 @@ class _LoopHook(_Hook):
         current = _loop_handler(self._loop, self._signum)
         if current is not None and current[0] == self._ours:
             self._loop.add_signal_handler(self._signum, self._callback, *self._args)
+
+
+def _attach_stop(hook: _Hook) -> ServerStop | None:
+    """The zero-loss stop of the uvicorn server whose handler ``hook`` wraps, or None (another
+    server, or a uvicorn that lacks what the stop relies on: logged)."""
+    if not isinstance(hook, _PlainHook) or "uvicorn" not in sys.modules:
+        return None  # uvicorn installs its handler with signal.signal; no uvicorn, no server
+    from ..stop.server import ServerStop
+
+    return ServerStop.attach(_owner(hook.server_handler))
 
 
 def _find_server_handler(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from .._lazy import attach
 
-if TYPE_CHECKING:
+if TYPE_CHECKING or not attach(__name__):
     from ._outcome import exponential_backoff as exponential_backoff
     from .memory import MemoryJobStore as MemoryJobStore
     from .memory import MemoryTransaction as MemoryTransaction
@@ -28,5 +28,3 @@ if TYPE_CHECKING:
     from .worker import Handler as Handler
     from .worker import JobWorker as JobWorker
     from .worker import WorkerStatistics as WorkerStatistics
-
-__getattr__, __dir__, __all__ = attach(__name__)

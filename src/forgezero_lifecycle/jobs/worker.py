@@ -3,7 +3,7 @@
 ``JobWorker`` is the drain's ``jobs`` participant (:class:`~forgezero_lifecycle.core.participant.
 WorkParticipant`): :meth:`~JobWorker.pause_intake` stops claiming in the same synchronous step
 that closes the gate (a claim already in flight is released as soon as it returns);
-:meth:`~JobWorker.drain` lets running jobs finish while heartbeats continue, and shortly before
+:meth:`~JobWorker.finish` lets running jobs finish while heartbeats continue, and shortly before
 the deadline cancels what is left and releases it fenced (attempt refunded), then calls
 ``release_owner`` to catch a claim that raced the stop; :meth:`~JobWorker.resume_intake`
 (rollback) claims again. A new generation claims released jobs at once and expired ones after
@@ -17,21 +17,30 @@ clock, and wakes at once when a job is enqueued through the same store object in
 Heartbeats cover every held lease in one store call per tick and continue until each job is
 completed or released (stopping them at drain start would let leases expire under running jobs).
 A handler whose lease is lost is cancelled.
+
+The claim loop, the heartbeat loop and a drain's release of what is left run in one
+:class:`asyncio.TaskGroup` that :meth:`~JobWorker.start` opens in the worker's own task and
+:meth:`~JobWorker.stop` closes: a loop that crashes stops the others and is recorded
+(``jobs.task_crashed``, :attr:`WorkerStatistics.last_error`) instead of leaving them running
+unseen. Handlers run in tasks of their own, which a stop abandons (fenced) instead of awaiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import uuid
+import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Generic, Literal, TypeVar, final
 
-from .._clock import Clock, SystemClock, wait_event
+from .._clock import Clock, SystemClock
 from .._errors import ConfigurationError, JobStateError
 from .._events import emit
+from .._race import first, wait_event
 from ._batcher import CompletionBatcher
 from ._outcome import exponential_backoff
 from ._runner import Handler, JobRunner, WorkerStatistics
@@ -83,8 +92,9 @@ class JobWorker(Generic[ConnT]):
         self._idle_interval = idle_interval
         self._reclaim_every = heartbeat_every if reclaim_every is None else reclaim_every
         self._release_margin = release_margin
-        self._tasks: list[asyncio.Task[None]] = []
-        self._cleanups: set[asyncio.Task[None]] = set()
+        #: The task that owns the worker's group, from start() to stop().
+        self._main: asyncio.Task[None] | None = None
+        self._group: asyncio.TaskGroup | None = None
         self._batcher = CompletionBatcher(store, f"forgezero-jobs-{self._owner}")
         self._runner = JobRunner(store, dict(handlers or {}), self._batcher, backoff, self._owner)
         self._unsubscribe: Callable[[], None] | None = None
@@ -135,7 +145,7 @@ class JobWorker(Generic[ConnT]):
         self._intake = "claiming"
         self._wake.set()
 
-    async def drain(self, timeout: float) -> None:
+    async def finish(self, timeout: float) -> None:
         """Let running jobs finish; ``release_margin`` before ``timeout`` release what is left."""
         self.pause_intake()
         timeout = max(0.0, timeout)
@@ -149,25 +159,42 @@ class JobWorker(Generic[ConnT]):
             runner.cancel_running()
             await self._wait(runner.idle, deadline - margin / 2)
         # Releasing can wait on a completion that holds the row (or SQLite's write) lock, so
-        # it runs as its own task and the drain returns by the deadline either way.
+        # in a started worker it runs as a task of the worker's group and the drain returns by
+        # the deadline either way (stop() ends it); otherwise it is given until the deadline.
         finished = asyncio.Event()
-        rest = asyncio.create_task(
-            self._release_rest(), name=f"forgezero-jobs-release-{self._owner}"
-        )
-        self._cleanups.add(rest)
-        rest.add_done_callback(self._cleanups.discard)
-        rest.add_done_callback(self._task_ended)
-        rest.add_done_callback(lambda _: finished.set())
-        await self._wait(finished, deadline)
+        if self._group is not None:
+            self._group.create_task(
+                self._release_then_set(finished), name=f"forgezero-jobs-release-{self._owner}"
+            )
+            await self._wait(finished, deadline)
+        else:
+            left = max(0.0, deadline - self._clock.monotonic())
+            await first(self._release_then_set(finished), self._clock.sleep(left))
+        pending = not finished.is_set()
         emit(
             logger,
-            logging.INFO if rest.done() else logging.WARNING,
+            logging.WARNING if pending else logging.INFO,
             "drain.jobs_released",
             owner=self._owner,
             cancelled=cancelled,
             released=runner.counts["released"] - released_before,
-            pending=not rest.done(),
+            pending=pending,
         )
+
+    async def drain(self, timeout: float) -> None:
+        """Deprecated name of :meth:`finish`."""
+        warnings.warn(
+            "JobWorker.drain(timeout) is deprecated: call finish(timeout)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        await self.finish(timeout)
+
+    async def _release_then_set(self, finished: asyncio.Event) -> None:
+        try:
+            await self._release_rest()
+        finally:
+            finished.set()
 
     async def _release_rest(self) -> None:
         runner = self._runner
@@ -189,35 +216,42 @@ class JobWorker(Generic[ConnT]):
 
     def start(self) -> None:
         """Start claiming, heartbeating and completing (inside a running event loop)."""
-        if self._tasks or self._intake == "stopped":
+        if self._main is not None or self._intake == "stopped":
             raise JobStateError(detail="a JobWorker starts once; create a new one after stop()")
         self._batcher.start()
         self._unsubscribe = self._store.subscribe(self.wake)
-        self._tasks = [
-            asyncio.create_task(self._claim_loop(), name=f"forgezero-jobs-claim-{self._owner}"),
-            asyncio.create_task(self._heartbeat_loop(), name=f"forgezero-jobs-hb-{self._owner}"),
-        ]
-        for task in self._tasks:
-            task.add_done_callback(self._task_ended)
+        self._main = asyncio.create_task(self._run(), name=f"forgezero-jobs-{self._owner}")
+        self._main.add_done_callback(self._main_ended)
 
-    def _task_ended(self, task: asyncio.Task[None]) -> None:
+    async def _run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            self._group = group
+            group.create_task(self._claim_loop(), name=f"forgezero-jobs-claim-{self._owner}")
+            group.create_task(self._heartbeat_loop(), name=f"forgezero-jobs-hb-{self._owner}")
+
+    def _main_ended(self, task: asyncio.Task[None]) -> None:
+        self._group = None
         if not task.cancelled() and (exc := task.exception()) is not None:
-            self._runner.record("jobs.task_crashed", exc)
+            # The group's ExceptionGroup: each crash is recorded by itself.
+            crashes = exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,)
+            for crash in crashes:
+                self._runner.record("jobs.task_crashed", crash)
 
     async def stop(self, timeout: float | None = None) -> None:
         """Drain (``timeout`` defaults to the lease), then stop every background task."""
         if self._intake == "stopped":
             return
-        if self._tasks:
-            await self.drain(self._lease if timeout is None else timeout)
+        main = self._main
+        if main is not None:
+            await self.finish(self._lease if timeout is None else timeout)
         self._intake = "stopped"
         if self._unsubscribe is not None:
             self._unsubscribe()
         self._runner.abandon()
-        tasks = [*self._tasks, *self._cleanups]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if main is not None:
+            main.cancel()  # the group cancels every task in it and waits for them
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await main  # a crash was recorded when the group ended
         await self._batcher.stop()
 
     def wake(self) -> None:

@@ -33,6 +33,7 @@ from .drain import (
     RollbackRequest,
 )
 from .handoff import StateEnvelope, StateHandoffRequest, StateHandoffStatus
+from .supervisor import HandoverStatus, ReloadAccepted
 
 __all__ = ["OPENAPI_VERSION", "build_document", "document_bytes", "dumps"]
 
@@ -46,6 +47,8 @@ _MODELS: Final[Sequence[tuple[type[BaseModel], JsonSchemaMode]]] = (
     (DrainStatus, "serialization"),
     (StateEnvelope, "serialization"),
     (StateHandoffStatus, "serialization"),
+    (ReloadAccepted, "serialization"),
+    (HandoverStatus, "serialization"),
 )
 #: JSON Schema names of the constraints pydantic leaves as-is after a ``BeforeValidator``.
 _KEYWORDS: Final[Mapping[str, str]] = {
@@ -57,7 +60,13 @@ _KEYWORDS: Final[Mapping[str, str]] = {
 
 #: Errors every authenticated path may answer, by status.
 _AUTH_ERRORS: Final = {401: ("RUNTIME_UNAUTHORIZED",)}
-_BODY_ERRORS: Final = {413: ("RUNTIME_BODY_TOO_LARGE",), 415: ("RUNTIME_CONTENT_TYPE",)}
+_BODY_ERRORS: Final = {
+    408: ("RUNTIME_BODY_TIMEOUT",),
+    413: ("RUNTIME_BODY_TOO_LARGE",),
+    415: ("RUNTIME_CONTENT_TYPE",),
+}
+#: The supervisor's paths, answered only under ``serve --workers``: elsewhere a 404 that says so.
+_SUPERVISED: Final = "Only under `forgezero-lifecycle serve --workers N`; elsewhere 404."
 
 
 @functools.cache
@@ -88,6 +97,11 @@ def build_document() -> dict[str, Any]:
         "required": ["error"],
         "properties": {"error": {"type": "string"}, "detail": {"type": "string"}},
     }
+    schemas["ReloadRequest"] = {
+        "description": "A reload takes no fields: the empty object.",
+        "type": "object",
+        "maxProperties": 0,
+    }
     schemas["Schedules"] = {
         "type": "object",
         "required": ["schedules"],
@@ -100,7 +114,8 @@ def build_document() -> dict[str, Any]:
             "version": "v1",
             "description": "Drain, roll back and hand state over between generations of an ASGI "
             "service. Wire-compatible with the JavaScript `@forgezero/runtime` lifecycle module; "
-            "`drain/v1/current` and `schedules/v1/status` are additions of this port.",
+            "`drain/v1/current`, `schedules/v1/status` and the `supervisor/v1` paths are "
+            "additions of this port.",
         },
         "paths": _paths(),
         "components": {
@@ -128,7 +143,11 @@ def _paths() -> dict[str, Any]:
                 ok=(202, "Accepted"),
                 errors={
                     400: ("RUNTIME_DRAIN_REQUEST_INVALID",),
-                    409: ("RUNTIME_DRAIN_ALREADY_STARTED", "RUNTIME_DRAIN_REVISION_MISMATCH"),
+                    409: (
+                        "RUNTIME_DRAIN_ALREADY_STARTED",
+                        "RUNTIME_DRAIN_REVISION_MISMATCH",
+                        "RUNTIME_DRAIN_SHARED_LISTENER",
+                    ),
                 },
             )
         },
@@ -207,6 +226,42 @@ def _paths() -> dict[str, Any]:
                 "schedulesStatus",
                 "Per scheduled job: last run, result, error, consecutive failures, next run.",
                 ok=(200, "Schedules"),
+            )
+        },
+        paths.RUNTIME_SUPERVISOR_RELOAD_PATH: {
+            "post": _operation(
+                "reload",
+                "Hand over to a new generation on the same socket, as SIGHUP does; answers the "
+                f"handover's number. {_SUPERVISED}",
+                body="ReloadRequest",
+                ok=(202, "ReloadAccepted"),
+                errors={
+                    400: ("RUNTIME_DRAIN_REQUEST_INVALID",),
+                    404: ("RUNTIME_NOT_FOUND",),
+                    409: ("RUNTIME_RELOAD_BUSY",),
+                    503: ("RUNTIME_SUPERVISOR_UNAVAILABLE",),
+                },
+            )
+        },
+        paths.RUNTIME_SUPERVISOR_HANDOVER_PATH: {
+            "get": _operation(
+                "handoverStatus",
+                "How the handover `reload` answered went (without `handover`: the latest): "
+                f"running, done or aborted. {_SUPERVISED}",
+                parameters=[
+                    {
+                        "name": "handover",
+                        "in": "query",
+                        "required": False,
+                        "description": "the number reload answered",
+                        "schema": {"type": "string", "pattern": "^(?:[0-9]{1,9})$"},
+                    }
+                ],
+                ok=(200, "HandoverStatus"),
+                errors={
+                    404: ("RUNTIME_NOT_FOUND",),
+                    503: ("RUNTIME_SUPERVISOR_UNAVAILABLE",),
+                },
             )
         },
         paths.RUNTIME_READY_PATH: {
