@@ -1,7 +1,8 @@
 """A real hypercorn server in the test's own event loop, and a raw HTTP/1.1 client for it.
 
 ``await hypercorn(app)`` (the fixture, which this package's conftest offers) serves ``app`` with
-``hypercorn.asyncio.serve`` on a free loopback port until the test ends, so a test can move the
+``hypercorn.asyncio.serve`` on a free loopback port until the test ends (over TLS with
+``certfile=`` and ``keyfile=``), so a test can move the
 gate by hand at an exact moment of the exchange.
 """
 
@@ -18,7 +19,7 @@ import pytest
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
-from tests.server._servers import free_port
+from tests.real_servers._servers import free_port
 
 __all__ = ["BOUND", "App", "Client", "Message", "Served", "hypercorn", "until"]
 
@@ -106,8 +107,10 @@ async def hypercorn() -> AsyncIterator[Callable[[App], Awaitable[Served]]]:
     running: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
     clients: list[Client] = []
 
-    async def start(app: App) -> Served:
+    async def start(app: App, *, certfile: str | None = None, keyfile: str | None = None) -> Served:
         config = Config()
+        if certfile is not None:  # TLS, with HTTP/2 offered through ALPN
+            config.certfile, config.keyfile = certfile, keyfile
         port = free_port()
         config.bind = [f"127.0.0.1:{port}"]
         config.graceful_timeout = 1.0

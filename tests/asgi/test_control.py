@@ -88,7 +88,7 @@ async def test_revision_mismatch_is_409(client: tuple[httpx.AsyncClient, Runtime
     assert (await http.get(READY)).status_code == 200
 
 
-async def test_readiness_turns_503_at_begin_and_back_at_rollback(
+async def test_readiness_follows_drain(
     client: tuple[httpx.AsyncClient, Runtime],
 ) -> None:
     """Readiness is 503 from the instant a drain begins; rollback restores 200 and admission."""
@@ -120,7 +120,7 @@ async def test_readiness_turns_503_at_begin_and_back_at_rollback(
     ],
     ids=["none", "wrong", "prefix", "scheme", "handoff-token"],
 )
-async def test_unauthenticated_begin_is_401_and_changes_nothing(
+async def test_unauthenticated_begin_401(
     client: tuple[httpx.AsyncClient, Runtime], headers: dict[str, str]
 ) -> None:
     """Without the control token: 401 with WWW-Authenticate, no token echoed, no drain."""
@@ -147,7 +147,7 @@ async def test_unauthenticated_begin_is_401_and_changes_nothing(
     ],
     ids=["oversized", "content-type", "truncated", "nan", "invalid-utf8", "array"],
 )
-async def test_bad_bodies_get_their_4xx_and_change_nothing(
+async def test_bad_bodies_4xx(
     client: tuple[httpx.AsyncClient, Runtime],
     content: bytes,
     content_type: str,
@@ -164,7 +164,7 @@ async def test_bad_bodies_get_their_4xx_and_change_nothing(
     assert accepted.json() == {"accepted": True, "duplicate": False}
 
 
-async def test_wrong_method_is_405_with_allow(client: tuple[httpx.AsyncClient, Runtime]) -> None:
+async def test_wrong_method_405(client: tuple[httpx.AsyncClient, Runtime]) -> None:
     """A known path with the wrong method answers 405 and names the allowed method."""
     http, _ = client
     response = await http.get(BEGIN, headers=AUTH)
@@ -180,14 +180,14 @@ async def test_unknown_control_path_is_404(client: tuple[httpx.AsyncClient, Runt
     assert (response.status_code, response.json()["error"]) == (404, "RUNTIME_NOT_FOUND")
 
 
-async def test_status_of_unknown_nonce_is_404(client: tuple[httpx.AsyncClient, Runtime]) -> None:
+async def test_unknown_nonce_404(client: tuple[httpx.AsyncClient, Runtime]) -> None:
     """Status for a nonce that never began is RUNTIME_DRAIN_NOT_FOUND."""
     http, _ = client
     response = await http.get(STATUS, params={"nonce": NONCE}, headers=AUTH)
     assert (response.status_code, response.json()["error"]) == (404, "RUNTIME_DRAIN_NOT_FOUND")
 
 
-async def test_state_endpoints_without_an_adapter_are_404(
+async def test_state_without_adapter_404(
     client: tuple[httpx.AsyncClient, Runtime],
 ) -> None:
     """A runtime with no state adapter says so with RUNTIME_STATE_NOT_FOUND, not a 5xx."""
@@ -198,7 +198,7 @@ async def test_state_endpoints_without_an_adapter_are_404(
     assert (response.status_code, response.json()["error"]) == (404, "RUNTIME_STATE_NOT_FOUND")
 
 
-async def test_drain_waits_for_an_in_flight_request() -> None:
+async def test_drain_waits_in_flight() -> None:
     """A slow request admitted before begin finishes; the drain is drained only afterwards."""
     release = asyncio.Event()
     entered = asyncio.Event()
@@ -225,7 +225,7 @@ async def test_drain_waits_for_an_in_flight_request() -> None:
             assert await runtime.drain.wait() == "drained"
 
 
-async def test_an_early_answer_reads_the_rest_of_the_body_first() -> None:
+async def test_early_answer_reads_body() -> None:
     """A 401 sent before the body was read still consumes it, so the client sees the answer."""
     runtime = Runtime(control_token=TOKEN)
     events: list[str] = []
@@ -256,7 +256,7 @@ async def test_an_early_answer_reads_the_rest_of_the_body_first() -> None:
 CURRENT = "/.forgezero/runtime/drain/v1/current"
 
 
-async def test_current_drain_is_404_when_serving_and_the_full_status_while_draining(
+async def test_current_drain_status(
     client: tuple[httpx.AsyncClient, Runtime],
 ) -> None:
     """GET drain/v1/current finds the running drain without its nonce; 404 with a detail if none."""
@@ -276,7 +276,7 @@ async def test_current_drain_is_404_when_serving_and_the_full_status_while_drain
     assert (await http.get(CURRENT, headers=AUTH)).status_code == 404
 
 
-async def test_current_drain_needs_the_control_token(
+async def test_current_drain_needs_token(
     client: tuple[httpx.AsyncClient, Runtime],
 ) -> None:
     """The nonce is what rollback needs: without the control token current reveals nothing."""

@@ -41,7 +41,7 @@ async def plane() -> AsyncIterator[tuple[httpx.AsyncClient, Runtime, ManualClock
         yield http, runtime, clock
 
 
-async def test_readiness_says_drained_once_the_drain_is_drained(
+async def test_readiness_says_drained(
     plane: tuple[httpx.AsyncClient, Runtime, ManualClock],
 ) -> None:
     """503 status follows the drain: draining while it runs, drained once it is."""
@@ -52,7 +52,7 @@ async def test_readiness_says_drained_once_the_drain_is_drained(
     assert (ready.status_code, ready.json()) == (503, {"ready": False, "status": "drained"})
 
 
-async def test_readiness_and_a_new_begin_say_failed_after_a_failed_drain(
+async def test_failed_drain_says_failed(
     plane: tuple[httpx.AsyncClient, Runtime, ManualClock],
 ) -> None:
     """After a timeout, /ready says failed and another begin names the failure, not a running drain."""
@@ -75,7 +75,7 @@ async def test_readiness_and_a_new_begin_say_failed_after_a_failed_drain(
     task.cancel()
 
 
-async def test_a_new_begin_after_a_drained_drain_says_it_ended(
+async def test_begin_after_drained_ended(
     plane: tuple[httpx.AsyncClient, Runtime, ManualClock],
 ) -> None:
     """A drained generation refuses a second drain saying it is drained."""
@@ -86,7 +86,7 @@ async def test_a_new_begin_after_a_drained_drain_says_it_ended(
     assert "ended drained" in again.json()["detail"]
 
 
-async def test_status_without_a_nonce_says_the_nonce_is_required(
+async def test_status_needs_nonce(
     plane: tuple[httpx.AsyncClient, Runtime, ManualClock],
 ) -> None:
     """No nonce at all is not "no drain with this nonce": the message names the missing parameter."""
@@ -101,7 +101,7 @@ async def test_status_without_a_nonce_says_the_nonce_is_required(
     assert "43 base64url" in malformed.json()["detail"]
 
 
-async def test_handoff_status_without_a_nonce_says_the_nonce_is_required() -> None:
+async def test_handoff_status_needs_nonce() -> None:
     """The same for state/v1/status."""
     from tests.security._asgi import CONTROL_TOKEN, make_runtime
 
@@ -118,7 +118,7 @@ async def test_handoff_status_without_a_nonce_says_the_nonce_is_required() -> No
     }
 
 
-async def test_rollback_without_a_nonce_says_the_body_must_name_it(
+async def test_rollback_needs_nonce(
     plane: tuple[httpx.AsyncClient, Runtime, ManualClock],
 ) -> None:
     """A rollback body without a nonce says what the body needs."""
@@ -151,7 +151,7 @@ _MALFORMED_NONCE = "the nonce must be 43 base64url characters"
         (b"{", 400, "RUNTIME_DRAIN_REQUEST_INVALID", "the body is not strict UTF-8 JSON"),
     ],
 )
-async def test_every_rollback_body_gets_its_own_answer(
+async def test_bad_rollback_bodies_404(
     plane: tuple[httpx.AsyncClient, Runtime, ManualClock],
     body: bytes,
     status: int,
@@ -181,7 +181,7 @@ async def test_every_rollback_body_gets_its_own_answer(
         ),
     ],
 )
-async def test_a_wrong_token_is_told_it_does_not_match(
+async def test_wrong_token_says_mismatch(
     plane: tuple[httpx.AsyncClient, Runtime, ManualClock], headers: dict[str, str], detail: str
 ) -> None:
     """A token that was sent but is wrong is not told to send one."""

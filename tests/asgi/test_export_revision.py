@@ -38,7 +38,7 @@ async def export(runtime: Runtime, source_revision: str) -> httpx.Response:
         )
 
 
-async def test_an_export_for_another_source_revision_is_409() -> None:
+async def test_other_revision_409() -> None:
     """A runtime that knows its revision refuses to export as another one, exporting nothing."""
     note = NoteState()
     runtime, _ = make_runtime(note)
@@ -48,7 +48,7 @@ async def test_an_export_for_another_source_revision_is_409() -> None:
     assert note.exports == 0
 
 
-async def test_an_export_for_its_own_revision_is_served() -> None:
+async def test_own_revision_served() -> None:
     """The matching revision exports as before."""
     runtime, _ = make_runtime()
     response = await export(runtime, REVISION)
@@ -56,7 +56,7 @@ async def test_an_export_for_its_own_revision_is_served() -> None:
     assert response.json()["sourceRevision"] == REVISION
 
 
-async def test_a_runtime_without_a_revision_exports_for_any() -> None:
+async def test_no_revision_exports_any() -> None:
     """No configured revision: nothing to compare, as drain begin."""
     runtime = Runtime(
         control_token=CONTROL_TOKEN, handoff_token=HANDOFF_TOKEN, state_adapter=NoteState()

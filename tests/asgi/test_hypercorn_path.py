@@ -43,7 +43,7 @@ async def _read_to_disconnect_then_answer(
     await send({"type": "http.response.body", "body": b"done"})
 
 
-async def test_an_http1_request_gets_the_servers_own_receive_and_send(hypercorn: Any) -> None:
+async def test_http1_gets_server_channels(hypercorn: Any) -> None:
     """Nothing is wrapped while no drain has begun: the app is handed hypercorn's stream's
     ``app_send`` and its app queue's ``get``, and the request is counted while it runs."""
     gate = IntakeGate()
@@ -63,7 +63,7 @@ async def test_an_http1_request_gets_the_servers_own_receive_and_send(hypercorn:
     assert gate.statistics().http == 0
 
 
-async def test_an_http2_request_is_wrapped_and_its_answer_has_no_connection_header(
+async def test_http2_wrapped_no_connection(
     hypercorn: Any,
 ) -> None:
     """An HTTP/2 stream shares its connection with others: it is wrapped, and a response it
@@ -89,7 +89,7 @@ async def test_an_http2_request_is_wrapped_and_its_answer_has_no_connection_head
     assert owners == ["_HttpResponder"]
 
 
-async def test_a_drain_begun_right_after_admission_still_closes_the_response(
+async def test_early_drain_closes(
     hypercorn: Any,
 ) -> None:
     """Admitted one step before the drain begins, the response still says Connection: close
@@ -111,9 +111,7 @@ async def test_a_drain_begun_right_after_admission_still_closes_the_response(
 
 
 @pytest.mark.parametrize("waiting", [True, False], ids=["waiting-at-notice", "receive-later"])
-async def test_a_receive_after_the_body_gets_the_disconnect_and_the_stream_ends_cleanly(
-    hypercorn: Any, waiting: bool
-) -> None:
+async def test_receive_after_body_ends(hypercorn: Any, waiting: bool) -> None:
     """Whether the stream waits on receive() at the notice or calls it later, it gets
     http.disconnect, its unfinished chunked response ends with an empty last chunk, and the
     connection stays usable."""
@@ -148,7 +146,7 @@ async def test_a_receive_after_the_body_gets_the_disconnect_and_the_stream_ends_
     assert gate.statistics().http == 0
 
 
-async def test_a_body_still_coming_at_the_notice_is_read_whole_before_the_disconnect(
+async def test_late_body_read_whole(
     hypercorn: Any,
 ) -> None:
     """The disconnect follows the last part of the body into the app queue, never ahead of
@@ -176,7 +174,7 @@ async def test_a_body_still_coming_at_the_notice_is_read_whole_before_the_discon
     assert (b"connection", b"close") in head.headers
 
 
-async def test_a_body_that_fills_the_app_queue_is_read_whole_before_the_disconnect(
+async def test_full_queue_body_read_whole(
     hypercorn: Any,
 ) -> None:
     """A body that fills hypercorn's app queue, unread at the notice (its end waits for room
@@ -210,7 +208,7 @@ async def test_a_body_that_fills_the_app_queue_is_read_whole_before_the_disconne
     assert read[-2]["more_body"] is False
 
 
-async def test_an_answer_computed_across_the_notice_is_sent_whole(hypercorn: Any) -> None:
+async def test_answer_across_notice_whole(hypercorn: Any) -> None:
     """A request that read its body and does not wait on receive() is not told to stop."""
     gate = IntakeGate()
     ready = asyncio.Event()
@@ -238,9 +236,7 @@ async def test_an_answer_computed_across_the_notice_is_sent_whole(hypercorn: Any
     assert gate.statistics().http == 0
 
 
-async def test_a_send_blocked_at_the_cutoff_is_given_up_and_the_connection_abandoned(
-    hypercorn: Any, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_blocked_send_given_up(hypercorn: Any, caplog: pytest.LogCaptureFixture) -> None:
     """The blocked send is let go, the next one raises ConnectionClosedByDrainError (an OSError),
     the app's error stays inside, the connection is aborted and the count released."""
     gate = IntakeGate()
@@ -290,7 +286,7 @@ def _stream_of(send: Any) -> Any:
     return owner
 
 
-async def test_an_app_that_fails_after_the_notice_still_gets_hypercorns_error_answer(
+async def test_late_failure_answered(
     hypercorn: Any,
 ) -> None:
     """The disconnect told to the app is the middleware's: hypercorn still answers the app's
@@ -312,9 +308,7 @@ async def test_an_app_that_fails_after_the_notice_still_gets_hypercorns_error_an
     assert gate.statistics().http == 0
 
 
-async def test_only_a_stream_with_all_the_path_uses_takes_it(
-    hypercorn: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_path_needs_all_uses(hypercorn: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A hypercorn stream qualifies; one whose class lacks what a drain moment uses (as if it
     had been renamed) does not, and is served by the wrapped path."""
     monkeypatch.setattr(_hypercorn, "KNOWN_STREAMS", {})

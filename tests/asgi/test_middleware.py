@@ -33,7 +33,7 @@ async def ok_app(scope: Message, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-async def test_lifespan_passes_through_untouched() -> None:
+async def test_lifespan_untouched() -> None:
     """Lifespan scopes reach the app as they are, with the server's own receive and send."""
     seen: list[Any] = []
 
@@ -46,7 +46,7 @@ async def test_lifespan_passes_through_untouched() -> None:
     assert seen == [(scope, recorder.receive, recorder.send)]
 
 
-async def test_request_is_counted_until_the_app_returns() -> None:
+async def test_request_counted() -> None:
     """An admitted request counts while the app runs, including after its last body chunk."""
     gate = IntakeGate()
     finish = asyncio.Event()
@@ -67,7 +67,7 @@ async def test_request_is_counted_until_the_app_returns() -> None:
     assert gate.statistics().http == 0
 
 
-async def test_refused_request_gets_503_and_never_reaches_the_app() -> None:
+async def test_refused_request_503() -> None:
     """While closed: 503, Retry-After, Connection: close, Content-Length, RUNTIME_DRAINING."""
     gate = IntakeGate()
     gate.close()
@@ -99,7 +99,7 @@ async def test_refused_request_gets_503_and_never_reaches_the_app() -> None:
         pytest.param([(b"Connection", b"close")], [(b"Connection", b"close")], id="kept-once"),
     ],
 )
-async def test_responses_while_draining_carry_connection_close_once(
+async def test_draining_connection_close(
     given: list[tuple[bytes, bytes]], expected: list[tuple[bytes, bytes]]
 ) -> None:
     """A response started while draining gains Connection: close unless it already has one."""
@@ -117,7 +117,7 @@ async def test_responses_while_draining_carry_connection_close_once(
 
 
 @pytest.mark.parametrize("version", ["2", "3"])
-async def test_http2_and_http3_responses_never_get_a_connection_header(version: str) -> None:
+async def test_h2_h3_no_connection_header(version: str) -> None:
     """``connection`` is forbidden in HTTP/2 and HTTP/3 (RFC 9113 8.2.2, RFC 9114 4.2): neither a
     response started while draining nor the refusal carries it; the rest is as under HTTP/1.1."""
     gate = IntakeGate()
@@ -142,7 +142,7 @@ async def test_http2_and_http3_responses_never_get_a_connection_header(version: 
     ]
 
 
-async def test_no_connection_close_while_serving() -> None:
+async def test_serving_keeps_connection() -> None:
     """Outside a drain responses are passed on unchanged."""
     recorder = ASGIRecorder({"type": "http.request", "body": b""})
     await InFlightMiddleware(ok_app, gate=IntakeGate())(
@@ -151,7 +151,7 @@ async def test_no_connection_close_while_serving() -> None:
     assert recorder.sent[0] == {"type": "http.response.start", "status": 200, "headers": []}
 
 
-async def test_stream_waiting_for_disconnect_is_ended_cleanly_at_the_notice() -> None:
+async def test_stream_ended_at_notice() -> None:
     """After the stream grace a streaming response gets http.disconnect and a clean last chunk."""
     gate = IntakeGate()
     got: list[Message] = []
@@ -176,7 +176,7 @@ async def test_stream_waiting_for_disconnect_is_ended_cleanly_at_the_notice() ->
     assert gate.statistics().http == 0
 
 
-async def test_request_body_is_read_normally_during_a_drain() -> None:
+async def test_body_read_during_drain() -> None:
     """The notice never cuts a request body that is still arriving (an upload: POST)."""
     gate = IntakeGate()
     bodies: list[bytes] = []
@@ -202,7 +202,7 @@ async def test_request_body_is_read_normally_during_a_drain() -> None:
     assert bodies == [b"a", b"b"]
 
 
-async def test_websocket_is_closed_with_1012_at_the_notice_and_later_sends_raise() -> None:
+async def test_websocket_1012_at_notice() -> None:
     """An open WebSocket is closed 1012 'draining'; an app send after that raises an OSError
     (the ASGI rule for a send on a closed connection) and never reaches the server."""
     gate = IntakeGate()
@@ -239,7 +239,7 @@ async def test_websocket_is_closed_with_1012_at_the_notice_and_later_sends_raise
     assert gate.statistics().websocket == 0
 
 
-async def test_push_only_websocket_ends_once_the_drain_closed_it() -> None:
+async def test_push_websocket_ends() -> None:
     """A handler that only sends and never calls receive() learns of the drain's close from its
     next send, so it returns and its count is released; its unhandled error stays inside."""
     gate = IntakeGate()
@@ -272,7 +272,7 @@ async def test_push_only_websocket_ends_once_the_drain_closed_it() -> None:
     assert gate.statistics().websocket == 0
 
 
-async def test_websocket_denial_in_several_body_parts_is_sent_whole() -> None:
+async def test_denial_parts_sent_whole() -> None:
     """A denial response sent as several websocket.http.response.body parts reaches the server
     part by part; only the last part (more_body false) ends the session."""
     gate = IntakeGate()
@@ -290,7 +290,7 @@ async def test_websocket_denial_in_several_body_parts_is_sent_whole() -> None:
     assert gate.statistics().websocket == 0
 
 
-async def test_notice_during_a_denial_response_does_not_close_it() -> None:
+async def test_notice_spares_denial() -> None:
     """The drain never sends websocket.close into a denial the app is still sending."""
     gate = IntakeGate()
     rest = asyncio.Event()
@@ -340,7 +340,7 @@ class StalledClient:
         await self.recorder.send(message)
 
 
-async def test_last_chunk_blocked_by_a_client_that_never_reads_is_given_up_at_the_cutoff(
+async def test_stuck_last_chunk_given_up(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The middleware's own clean last chunk, blocked by a stalled client, is abandoned at the
@@ -376,7 +376,7 @@ async def test_last_chunk_blocked_by_a_client_that_never_reads_is_given_up_at_th
     assert [r.getMessage() for r in caplog.records] == ["drain.connection_abandoned kind=http"]
 
 
-async def test_app_send_blocked_during_a_drain_raises_an_oserror_at_the_cutoff() -> None:
+async def test_blocked_send_oserror() -> None:
     """An app send made while draining and still blocked at the cutoff raises
     ConnectionClosedByDrainError (an OSError); later sends raise at once without reaching the server."""
     gate = IntakeGate()
@@ -409,7 +409,7 @@ async def test_app_send_blocked_during_a_drain_raises_an_oserror_at_the_cutoff()
     assert gate.statistics().http == 0
 
 
-async def test_a_send_that_does_not_block_still_goes_out_after_the_cutoff() -> None:
+async def test_free_send_after_cutoff() -> None:
     """The cutoff gives up only on sends that are blocked: a reading client gets its bytes."""
     gate = IntakeGate()
     gate.begin_draining()
@@ -421,7 +421,7 @@ async def test_a_send_that_does_not_block_still_goes_out_after_the_cutoff() -> N
     assert gate.statistics().http == 0
 
 
-async def test_push_only_websocket_blocked_by_a_client_that_never_reads_is_abandoned() -> None:
+async def test_stuck_push_ws_abandoned() -> None:
     """A WebSocket send blocked by a stalled client is given up at the cutoff; the drain's own
     close is not attempted behind it, and the count is released."""
     gate = IntakeGate()
@@ -454,7 +454,7 @@ async def test_push_only_websocket_blocked_by_a_client_that_never_reads_is_aband
     assert gate.statistics().websocket == 0
 
 
-async def test_an_app_error_unrelated_to_the_drain_still_propagates() -> None:
+async def test_app_error_propagates() -> None:
     """Only what the drain's own ConnectionClosedByDrainError caused is kept from the server."""
     gate = IntakeGate()
 
@@ -469,7 +469,7 @@ async def test_an_app_error_unrelated_to_the_drain_still_propagates() -> None:
     assert gate.statistics().websocket == 0
 
 
-async def test_websocket_refused_with_a_503_denial_when_the_server_offers_it() -> None:
+async def test_websocket_denied_503() -> None:
     """With websocket.http.response the handshake is denied with the same 503 body."""
     gate = IntakeGate()
     gate.close()
@@ -484,7 +484,7 @@ async def test_websocket_refused_with_a_503_denial_when_the_server_offers_it() -
     }
 
 
-async def test_websocket_refused_with_close_1013_otherwise() -> None:
+async def test_websocket_closed_1013() -> None:
     """Without the denial extension the handshake is closed with 1013 (try again later)."""
     gate = IntakeGate()
     gate.close()
@@ -497,9 +497,7 @@ async def test_websocket_refused_with_close_1013_otherwise() -> None:
     ("path", "root_path"),
     [("/.forgezero/runtime/ready", ""), ("/api/.forgezero/runtime/ready", "/api")],
 )
-async def test_control_paths_go_to_the_control_app_uncounted_even_while_closed(
-    path: str, root_path: str
-) -> None:
+async def test_control_paths_uncounted(path: str, root_path: str) -> None:
     """Control paths (after root_path) bypass counting and refusal and reach the control app."""
     gate = IntakeGate()
     gate.close()
@@ -515,7 +513,7 @@ async def test_control_paths_go_to_the_control_app_uncounted_even_while_closed(
     assert reached == [path]
 
 
-async def test_exempt_scopes_are_neither_counted_nor_refused() -> None:
+async def test_exempt_scopes_pass() -> None:
     """A user exempt predicate lets e.g. a metrics path through during a drain."""
     gate = IntakeGate()
     gate.close()
@@ -525,7 +523,7 @@ async def test_exempt_scopes_are_neither_counted_nor_refused() -> None:
     assert recorder.sent[0]["status"] == 200
 
 
-async def test_count_is_released_when_the_app_raises() -> None:
+async def test_count_released_on_raise() -> None:
     """An app exception still releases the count (try/finally)."""
     gate = IntakeGate()
 
@@ -538,7 +536,7 @@ async def test_count_is_released_when_the_app_raises() -> None:
     assert gate.statistics().http == 0
 
 
-async def test_an_exception_group_of_drain_closes_stays_inside() -> None:
+async def test_close_group_stays_inside() -> None:
     """A task group that re-raises the drain's error in a group is kept from the server too."""
     gate = IntakeGate()
 
@@ -570,9 +568,7 @@ async def test_an_exception_group_of_drain_closes_stays_inside() -> None:
     ("path", "root_path"),
     [("/x/.forgezero/runtime/ready", ""), ("/other/.forgezero/runtime/ready", "/api")],
 )
-async def test_a_control_prefix_inside_the_app_path_is_an_ordinary_counted_request(
-    path: str, root_path: str
-) -> None:
+async def test_inner_prefix_counted(path: str, root_path: str) -> None:
     """Only a path that starts with the control prefix once root_path is removed is control."""
     gate = IntakeGate()
     seen: list[int] = []
@@ -591,7 +587,7 @@ async def test_a_control_prefix_inside_the_app_path_is_an_ordinary_counted_reque
     assert recorder.sent[0]["status"] == 200
 
 
-async def test_exempt_is_asked_on_every_request() -> None:
+async def test_exempt_asked_each_time() -> None:
     """The predicate is consulted per request, not once: a later exempt scope still passes."""
     gate = IntakeGate()
     middleware = InFlightMiddleware(ok_app, gate=gate, exempt=lambda s: s["path"] == "/metrics")
@@ -603,7 +599,7 @@ async def test_exempt_is_asked_on_every_request() -> None:
     assert recorder.sent[0]["status"] == 200
 
 
-async def test_a_lifespan_that_ends_without_shutdown_lets_the_next_request_hook_again() -> None:
+async def test_lifespan_rehooks() -> None:
     """After a lifespan the app does not speak, the next request tries the signal hook again,
     even when a request before it had already tried."""
     runtime = Runtime(control_token="test-control-token-0123456789")
@@ -631,3 +627,47 @@ async def _never() -> Message:
 
 async def _ignore(message: Message) -> None:
     return None
+
+
+async def test_websocket_old_send_given_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A push-only WebSocket whose send was blocked by a stalled client before the drain began:
+    the notice does not wait behind it without bound, the cutoff cancels the task blocked in it
+    (the middleware takes that cancel back), the connection is abandoned and logged once, and the
+    count is released; nothing was sent after the accept."""
+    gate = IntakeGate()
+    recorder = ASGIRecorder({"type": "websocket.connect"})
+    client = StalledClient(recorder)
+    cancelled: list[BaseException] = []
+
+    async def pusher(scope: Message, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+        client.stall()
+        try:
+            await send({"type": "websocket.send", "text": "tick"})
+        except asyncio.CancelledError as error:
+            cancelled.append(error)
+            raise
+
+    call = asyncio.ensure_future(
+        InFlightMiddleware(pusher, gate=gate)(ws_scope(), recorder.receive, client.send)
+    )
+    await settle()
+    assert client.blocked == 1
+    gate.close()
+    gate.end_streams()
+    await settle()
+    assert not call.done()
+    with caplog.at_level(logging.WARNING, logger="forgezero_lifecycle.middleware"):
+        gate.cut_off()
+        await settle()
+        await asyncio.wait_for(call, 1.0)
+    assert len(cancelled) == 1
+    assert recorder.sent == [{"type": "websocket.accept"}]
+    assert gate.statistics().websocket == 0
+    abandoned = [r for r in caplog.records if "connection_abandoned" in r.getMessage()]
+    assert [r.getMessage() for r in abandoned] == ["drain.connection_abandoned kind=websocket"]
+    # Inside a running test there is always a current task (the Optional is never None here).
+    assert not asyncio.current_task().cancelling()  # type: ignore[union-attr]

@@ -17,13 +17,11 @@ from forgezero_lifecycle.asgi._paths import app_path
         pytest.param("/other/x", "/api", "/other/x", id="root-not-a-prefix"),
     ],
 )
-def test_the_root_path_is_removed_only_when_it_prefixes_the_path(
-    path: str, root_path: str, expected: str
-) -> None:
+def test_root_path_stripped(path: str, root_path: str, expected: str) -> None:
     """ASGI 3 servers put the mount prefix in both; a path outside it is left as it is."""
     assert app_path({"path": path, "root_path": root_path}) == expected
 
 
-def test_a_scope_without_root_path_is_its_path() -> None:
+def test_no_root_path() -> None:
     """root_path is optional in a scope."""
     assert app_path({"path": "/x"}) == "/x"

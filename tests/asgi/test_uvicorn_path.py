@@ -94,7 +94,7 @@ def head(transport: Transport) -> bytes:
     return bytes(transport.written).split(b"\r\n\r\n", 1)[0].lower()
 
 
-async def test_requests_get_the_servers_own_send_while_serving(serve: Any) -> None:
+async def test_serving_uses_server_send(serve: Any) -> None:
     """Nothing is wrapped while no drain has begun: the app is handed uvicorn's send itself."""
     owners: list[str] = []
 
@@ -110,9 +110,7 @@ async def test_requests_get_the_servers_own_send_while_serving(serve: Any) -> No
     assert gate.statistics().http == 0
 
 
-async def test_only_a_cycle_with_all_the_path_uses_takes_it(
-    serve: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_path_needs_all_uses(serve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A uvicorn cycle qualifies; one of a uvicorn whose cycle lacks an attribute the drain
     moments set (as if it had been renamed) does not, and is served by the wrapped path."""
     monkeypatch.setattr(_uvicorn, "KNOWN_CYCLES", {})
@@ -134,7 +132,7 @@ async def test_only_a_cycle_with_all_the_path_uses_takes_it(
     assert [_uvicorn.KNOWN_CYCLES[type(c)] for c in (real, changed)] == [True, False]
 
 
-async def test_a_drain_begun_right_after_admission_still_closes_the_response(serve: Any) -> None:
+async def test_early_drain_closes(serve: Any) -> None:
     """Admitted one step before the drain begins, the response still says Connection: close
     and the connection is closed after it."""
     gate = IntakeGate()
@@ -152,9 +150,7 @@ async def test_a_drain_begun_right_after_admission_still_closes_the_response(ser
 
 
 @pytest.mark.parametrize("waiting", [True, False], ids=["waiting-at-notice", "receive-later"])
-async def test_a_receive_after_the_body_gets_the_disconnect_and_the_stream_ends_cleanly(
-    serve: Any, waiting: bool
-) -> None:
+async def test_receive_after_body_ends(serve: Any, waiting: bool) -> None:
     """Whether the stream waits on receive() at the notice or calls it later, it gets
     http.disconnect, and its unfinished chunked response ends with an empty last chunk on a
     connection that stays usable."""
@@ -178,7 +174,7 @@ async def test_a_receive_after_the_body_gets_the_disconnect_and_the_stream_ends_
     assert gate.statistics().http == 0
 
 
-async def test_an_answer_computed_across_the_notice_is_sent_whole(serve: Any) -> None:
+async def test_answer_across_notice_whole(serve: Any) -> None:
     """A request that read its body and does not wait on receive() is not told to stop."""
     gate = IntakeGate()
     ready = asyncio.Event()
@@ -198,9 +194,7 @@ async def test_an_answer_computed_across_the_notice_is_sent_whole(serve: Any) ->
     assert gate.statistics().http == 0
 
 
-async def test_a_send_blocked_at_the_cutoff_is_given_up_and_the_connection_abandoned(
-    serve: Any, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_blocked_send_given_up(serve: Any, caplog: pytest.LogCaptureFixture) -> None:
     """The blocked send is let go, the next one raises ConnectionClosedByDrainError (an OSError),
     the app's error stays inside, the connection is aborted and the count released."""
     gate = IntakeGate()
@@ -231,7 +225,7 @@ async def test_a_send_blocked_at_the_cutoff_is_given_up_and_the_connection_aband
     assert [r.getMessage() for r in caplog.records] == ["drain.connection_abandoned kind=http"]
 
 
-async def test_an_app_that_fails_after_the_notice_still_gets_uvicorns_error_answer(
+async def test_late_failure_answered(
     serve: Any,
 ) -> None:
     """The disconnect told to the app is undone before uvicorn handles its error: the client,

@@ -114,9 +114,7 @@ def blocked_in_flow_control(send: Any) -> bool:
     return buffer is not None and len(buffer.buffer) > 0 and window == 0
 
 
-async def test_an_http2_send_blocked_since_before_the_drain_is_given_up_at_the_cutoff(
-    hypercorn: Any, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_old_h2_send_given_up(hypercorn: Any, caplog: pytest.LogCaptureFixture) -> None:
     """A stream whose client never opens its window, streaming since before the drain: at the
     cutoff its blocked send is given up, the request counted out and the drain drained, all
     before the deadline; the stream is closed on the server."""
@@ -172,7 +170,7 @@ async def test_an_http2_send_blocked_since_before_the_drain_is_given_up_at_the_c
         await client.aclose()
 
 
-async def test_an_app_waiting_on_its_own_event_at_the_cutoff_is_not_cancelled(
+async def test_app_wait_not_cancelled(
     hypercorn: Any,
 ) -> None:
     """A wrapped request whose sends before the drain all went through, waiting on something
@@ -243,7 +241,7 @@ async def _streaming(scope: Message, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-async def test_the_servers_own_cancel_of_a_request_given_up_at_the_cutoff_still_stands() -> None:
+async def test_server_cancel_stands() -> None:
     """The server cancels the request whose send the cutoff gave up: the task still ends
     cancelled; given up alone it ends normally, with no cancel left pending on it."""
     for server_cancels in (True, False):
@@ -263,7 +261,7 @@ async def test_the_servers_own_cancel_of_a_request_given_up_at_the_cutoff_still_
         assert gate.statistics().http == 0
 
 
-async def test_a_send_made_from_a_task_of_the_apps_own_is_given_up_at_the_cutoff() -> None:
+async def test_app_task_send_given_up() -> None:
     """The app sends from a task it started (as Starlette's streaming response does): that task
     is the one cancelled, the app's own wait for it ends, and the request is counted out."""
     gate = IntakeGate()
@@ -284,7 +282,7 @@ async def test_a_send_made_from_a_task_of_the_apps_own_is_given_up_at_the_cutoff
     assert (task.cancelling(), gate.statistics().http) == (0, 0)
 
 
-async def test_a_send_blocked_at_the_cutoff_but_made_while_draining_is_given_up_as_before() -> None:
+async def test_draining_send_given_up() -> None:
     """A send made once the drain began bounds itself: given up at the cutoff with
     ConnectionClosedByDrainError, and no task is cancelled for it."""
     gate = IntakeGate()
@@ -308,7 +306,7 @@ async def test_a_send_blocked_at_the_cutoff_but_made_while_draining_is_given_up_
     assert (task.cancelling(), gate.statistics().http) == (0, 0)
 
 
-async def test_a_server_send_that_hands_back_a_future_is_given_up_too() -> None:
+async def test_future_send_given_up() -> None:
     """A server whose ``send`` is a plain function returning a future, not a coroutine: the send
     blocked since before the drain is given up at the cutoff all the same."""
     gate = IntakeGate()

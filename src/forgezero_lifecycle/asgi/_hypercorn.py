@@ -37,12 +37,22 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, final
 
-from .._clock import first
 from .._errors import ConnectionClosedByDrainError
+from .._race import first
 from ..core.gate import DrainMoment
 from ._drain_messages import CLOSE_HEADER, LAST_CHUNK, abandoned
 
-__all__ = ["HTTP1", "KNOWN_STREAMS", "DrainSend", "act", "given_up", "learn", "release", "settle"]
+__all__ = [
+    "HTTP1",
+    "KNOWN_STREAMS",
+    "DrainSend",
+    "act",
+    "cut",
+    "given_up",
+    "learn",
+    "release",
+    "settle",
+]
 
 logger = logging.getLogger("forgezero_lifecycle.middleware")
 
@@ -99,6 +109,17 @@ def act(moment: DrainMoment, stream: Any) -> None:
         drain.tell_disconnect()
     if moment == "cutoff":
         drain.cut_off()
+
+
+def cut(stream: Any) -> None:
+    """A forced stop: abort the connection of a stream whose response is not complete (the
+    next send of the app's raises, as after the cutoff gave the connection up)."""
+    if stream.closed or stream.state.name not in ("REQUEST", "RESPONSE"):
+        return
+    drain = stream.send
+    if type(drain) is not DrainSend:
+        drain = stream.send = DrainSend(stream, drain)
+    drain.abandon()
 
 
 def given_up(stream: Any) -> bool:
@@ -259,3 +280,112 @@ class _PutThenTell:
         if not self.put and message["type"] == "http.request" and not message.get("more_body"):
             self.put = True
             await self._put(self._told)
+
+
+def websocket_transport(send: object) -> asyncio.Transport | None:
+    """The connection of a hypercorn WebSocket session over HTTP/1 whose ``send`` this is (the
+    bound ``app_send`` of a ``WSStream``, whose ``send`` is the H11Protocol's ``stream_send``,
+    whose own ``send`` is the asyncio ``TCPServer``'s, with its ``writer``), or None: another
+    server, a session over HTTP/2 (its connection is shared), or a hypercorn without these."""
+    stream = getattr(send, "__self__", None)
+    kind = type(stream)
+    if kind.__name__ != "WSStream" or kind.__module__ != "hypercorn.protocol.ws_stream":
+        return None
+    protocol = getattr(getattr(stream, "send", None), "__self__", None)
+    if type(protocol).__name__ != "H11Protocol":
+        return None
+    server = getattr(getattr(protocol, "send", None), "__self__", None)
+    writer = getattr(server, "writer", None)
+    if not isinstance(writer, asyncio.StreamWriter):
+        return None
+    transport: asyncio.Transport = writer.transport  # type: ignore[assignment]
+    return transport
+
+
+# HTTP/2: GOAWAY, twice (RFC 9113 6.8). hypercorn says nothing to an HTTP/2 client when a drain
+# begins, and h2's own close_connection() would end the connection's state machine, so no
+# response still running could be sent: the frames are written whole on the connection's
+# writer, between h2's. What this relies on of hypercorn (tested with 0.18): the
+# ``H2Protocol`` behind an HTTP/2 stream's ``send`` (``stream.send.__self__``), with its
+# ``connection`` (h2's ``H2Connection``, for ``highest_inbound_stream_id``), ``streams``,
+# ``closed`` and ``send`` (the asyncio ``TCPServer``'s, with its ``writer``); and hyperframe.
+
+#: Per class of an HTTP/2 stream's ``send.__self__``: whether its protocol can be told GOAWAY.
+KNOWN_H2: Final[dict[type, bool]] = {}
+
+
+def h2_connection(send: object) -> Any | None:
+    """The hypercorn ``H2Protocol`` of an HTTP/2 request whose ``send`` this is, or None (another
+    server, or a hypercorn without what :func:`goaway` uses: logged once, naming its version)."""
+    stream = getattr(send, "__self__", None)
+    kind = type(stream)
+    known = KNOWN_H2.get(kind)
+    if known is None:
+        known = KNOWN_H2[kind] = _learn_h2(stream)
+    return stream.send.__self__ if known else None  # type: ignore[union-attr]
+
+
+def _learn_h2(stream: object) -> bool:
+    kind = type(stream)
+    if kind.__name__ != "HTTPStream" or kind.__module__ not in _STREAM_MODULES:
+        return False
+    protocol = getattr(getattr(stream, "send", None), "__self__", None)
+    server = getattr(getattr(protocol, "send", None), "__self__", None)
+    try:
+        import hyperframe.frame  # noqa: F401  # hypercorn's HTTP/2 needs it: there with h2
+    except ImportError:
+        hyperframe_found = False
+    else:
+        hyperframe_found = True
+    known = (
+        type(protocol).__name__ == "H2Protocol"
+        and hasattr(getattr(protocol, "connection", None), "highest_inbound_stream_id")
+        and isinstance(getattr(protocol, "streams", None), dict)
+        and hasattr(protocol, "closed")
+        and isinstance(getattr(server, "writer", None), asyncio.StreamWriter)
+        and hyperframe_found
+    )
+    if not known:
+        logger.warning(
+            "drain.h2_goaway_unsupported hypercorn=%s: HTTP/2 clients are not sent GOAWAY by a "
+            "drain; they learn of it from its 503s",
+            _hypercorn_version(),
+        )
+    return known
+
+
+def _hypercorn_version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("hypercorn")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def h2_idle(protocol: Any) -> bool:
+    """Whether the connection has no stream running (or is closed)."""
+    return bool(protocol.closed) or not protocol.streams
+
+
+def stream_id(send: object) -> int:
+    """The HTTP/2 stream id of a request whose ``send`` :func:`h2_connection` knows."""
+    return send.__self__.stream_id  # type: ignore[attr-defined, no-any-return]
+
+
+def goaway(protocol: Any, *, final: bool) -> int | None:
+    """Write a GOAWAY (NO_ERROR) on ``protocol``'s connection naming the last stream hypercorn
+    has taken in (the connection is idle: each is done); the final one also closes the
+    connection once it is written. The last stream id, or None when the connection is closed."""
+    from hyperframe.frame import GoAwayFrame
+
+    if protocol.closed:
+        return None
+    writer: asyncio.StreamWriter = protocol.send.__self__.writer
+    if writer.is_closing():
+        return None
+    last: int = protocol.connection.highest_inbound_stream_id
+    writer.write(GoAwayFrame(stream_id=0, last_stream_id=last, error_code=0).serialize())
+    if final:
+        writer.close()  # after what is written is flushed
+    return last

@@ -43,6 +43,7 @@ __all__ = [
     "KNOWN_CYCLES",
     "DrainFlow",
     "act",
+    "cut",
     "given_up",
     "learn",
     "reconnect",
@@ -108,6 +109,12 @@ def act(moment: DrainMoment, cycle: Any) -> None:
         flow.cut = True
         if flow.server_flow.write_paused:
             flow.abandon()
+
+
+def cut(cycle: Any) -> None:
+    """A forced stop: abort the connection of a cycle whose response is not complete."""
+    if not cycle.response_complete:
+        _drop(cycle)
 
 
 def given_up(cycle: Any) -> bool:
@@ -211,3 +218,27 @@ class DrainFlow:
         self.abandoned = True
         logger.warning("drain.connection_abandoned kind=http")
         self.server_flow.resume_writing()  # a send blocked now returns; the next one raises
+
+
+#: uvicorn's WebSocket protocols (``--ws websockets-sansio``, ``websockets``, ``wsproto``): the
+#: ``send`` of a session is bound to one, which holds the connection's ``transport``.
+_WEBSOCKET_MODULES: Final = frozenset(
+    {
+        "uvicorn.protocols.websockets.websockets_sansio_impl",
+        "uvicorn.protocols.websockets.websockets_impl",
+        "uvicorn.protocols.websockets.wsproto_impl",
+    }
+)
+
+
+def websocket_transport(send: object) -> asyncio.Transport | None:
+    """The connection of a uvicorn WebSocket session whose ``send`` this is, or None when it
+    is not one (or a uvicorn without the protocol's ``transport``)."""
+    protocol = getattr(send, "__self__", None)
+    if type(protocol).__module__ not in _WEBSOCKET_MODULES:
+        return None
+    transport = getattr(protocol, "transport", None)
+    # uvloop's transports are no asyncio.BaseTransport: what is used of them is asked for.
+    if not callable(getattr(transport, "abort", None)):
+        return None
+    return transport

@@ -2,13 +2,23 @@
 
 Authentication is a bearer token compared with :func:`hmac.compare_digest` (the control token for
 drain and handoff control, the separate handoff token for state export). Bodies are capped at
-16 KiB before parsing, must be ``application/json`` and strict UTF-8 JSON. Every error is
-``{"error": CODE}`` (plus an optional ``detail`` that never holds a token) with the status
-:func:`status_for` maps its class to; a 5xx for any client input is a bug.
+16 KiB and must arrive within :data:`BODY_SECONDS` before parsing, must be ``application/json``
+and strict UTF-8 JSON. Every error is ``{"error": CODE}`` (plus an optional ``detail`` that never
+holds a token) with the status :func:`status_for` maps its class to; a 5xx for any client input
+is a bug.
+
+Under ``forgezero-lifecycle serve --workers N`` the generation-wide paths (the drain paths,
+``schedules``, ``metrics`` and the supervisor's ``reload`` and ``handover``) are answered by the
+supervisor for every worker at once. The worker still serves them with this same app, made by
+:meth:`ControlApp.for_generation`: the request is authenticated, checked and read here, in the
+worker, exactly as in one process, and only then is a small typed call (a :data:`GenerationCall`,
+such as ``("drain.status", {"nonce": ...})``) handed on; its :class:`Answer` is sent back as is.
 """
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import hmac
 import logging
 import re
@@ -22,6 +32,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from .._errors import (
+    BodyTimeoutError,
     BodyTooLargeError,
     ContentTypeInvalidError,
     ControlPathNotFoundError,
@@ -30,6 +41,7 @@ from .._errors import (
     DrainRequestInvalidError,
     LifecycleError,
     MethodNotAllowedError,
+    ReloadBusyError,
     StateConflictError,
     StateExportError,
     StateInputInvalidError,
@@ -46,13 +58,27 @@ if TYPE_CHECKING:
     # whoever builds them, so serving readiness and liveness never imports pydantic.
     from ..core.drain import DrainController
     from ..core.handoff import StateHandoffController
-    from ..wire.accepted import Accepted
 
-__all__ = ["MAX_CONTROL_BODY_BYTES", "ControlApp", "status_for"]
+__all__ = [
+    "BODY_SECONDS",
+    "GENERATION_PATHS",
+    "MAX_CONTROL_BODY_BYTES",
+    "Answer",
+    "ControlApp",
+    "GenerationCall",
+    "error_answer",
+    "status_for",
+]
 
 logger = logging.getLogger("forgezero_lifecycle.control")
 
 MAX_CONTROL_BODY_BYTES: Final = 16 * 1024
+#: How long a control body may take to arrive, from the first byte read to the last.
+BODY_SECONDS: Final = 5.0
+#: The longest ``handover`` number a query may give (a supervisor counts from 1).
+_HANDOVER_DIGITS: Final = 9
+#: Longer than any nonce a drain can have (43 base64url characters): not found without a lookup.
+_NONCE_CHARS: Final = 64
 _LOOPBACK: Final = frozenset({"127.0.0.1", "::1"})
 _FORWARDING_HEADERS: Final = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-real-ip")
 _LOOPBACK_HOST: Final = re.compile(r"(?:localhost|127\.0\.0\.1|\[::1\])(?::[0-9]{1,5})?", re.I)
@@ -65,13 +91,15 @@ def status_for(error: LifecycleError) -> int:
         return 401
     if isinstance(error, BodyTooLargeError) or code == "RUNTIME_STATE_EXPORT_TOO_LARGE":
         return 413
+    if isinstance(error, BodyTimeoutError):
+        return 408
     if isinstance(error, ContentTypeInvalidError):
         return 415
     if isinstance(error, DrainNotFoundError | StateNotFoundError | ControlPathNotFoundError):
         return 404
     if isinstance(error, MethodNotAllowedError):
         return 405
-    if isinstance(error, DrainConflictError | StateConflictError):
+    if isinstance(error, DrainConflictError | StateConflictError | ReloadBusyError):
         return 409
     if isinstance(error, StateExportError):
         return 422
@@ -80,6 +108,58 @@ def status_for(error: LifecycleError) -> int:
 
 #: The token a route requires: the control token, the handoff token (state export) or none.
 _Token = Literal["control", "handoff"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A control-plane answer made elsewhere: by a ``serve --workers`` supervisor, for the whole
+    generation."""
+
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+#: Hands a generation-wide call on, ``(call, arguments) -> Answer``. The calls: ``drain.begin``
+#: ``{"request": <the decoded body>}``, ``drain.status`` ``{"nonce"}``, ``drain.current`` ``{}``,
+#: ``drain.rollback`` ``{"nonce"}``, ``schedules`` ``{}``, ``metrics`` ``{"head": bool}``,
+#: ``reload`` ``{}`` and ``handover`` ``{"number": int | None}``.
+GenerationCall = Callable[[str, dict[str, object]], Awaitable[Answer]]
+
+#: The paths a ``serve --workers`` supervisor answers for the whole generation.
+GENERATION_PATHS: Final = frozenset(
+    {
+        paths.RUNTIME_DRAIN_BEGIN_PATH,
+        paths.RUNTIME_DRAIN_STATUS_PATH,
+        paths.RUNTIME_DRAIN_CURRENT_PATH,
+        paths.RUNTIME_DRAIN_ROLLBACK_PATH,
+        paths.RUNTIME_SCHEDULES_STATUS_PATH,
+        paths.RUNTIME_METRICS_PATH,
+        paths.RUNTIME_SUPERVISOR_RELOAD_PATH,
+        paths.RUNTIME_SUPERVISOR_HANDOVER_PATH,
+    }
+)
+
+_NOT_SUPERVISED: Final = (
+    "this process runs alone: only `forgezero-lifecycle serve --workers N` hands over to a new "
+    "generation (SIGHUP or reload); here, restart the process to run new code"
+)
+
+
+def error_answer(error: LifecycleError) -> Answer:
+    """``error`` as the control plane answers it (status, ``{"error", "detail"}``, headers)."""
+    body: dict[str, str] = {"error": error.code}
+    if error.detail:
+        body["detail"] = error.detail
+    status = status_for(error)
+    headers: tuple[tuple[str, str], ...] = ()
+    if status == 401:
+        headers = (("www-authenticate", "Bearer"),)
+    elif isinstance(error, MethodNotAllowedError):
+        headers = (("allow", error.allow),)
+    return Answer(status, orjson.dumps(body), headers=headers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,11 +184,9 @@ class ControlApp:
         handoff: StateHandoffController[Any] | None = None,
         schedules: Callable[[], object] | None = None,
         loopback_only: bool = False,
-        begin_drain: Callable[[object], Accepted] | None = None,
+        body_timeout: float = BODY_SECONDS,
     ) -> None:
         self._drain = drain
-        #: Begins a drain requested through this control plane (default: ``drain.begin``).
-        self._begin_drain = begin_drain or drain.begin
         self._handoff = handoff
         self._is_ready = is_ready
         self._intake_closed = intake_closed
@@ -118,7 +196,35 @@ class ControlApp:
             "handoff": None if handoff_token is None else handoff_token.encode(),
         }
         self._loopback_only = loopback_only
-        self._routes: Mapping[str, _Route] = {
+        self._body_timeout = body_timeout
+        self._generation: GenerationCall | None = None
+        self._routes: Mapping[str, _Route] = self._local_routes()
+
+    def for_generation(self, generation: GenerationCall) -> ControlApp:
+        """This control plane with the generation-wide paths (:data:`GENERATION_PATHS`) handed
+        to ``generation`` once they are authenticated and checked (``serve --workers``)."""
+        forwarding = copy.copy(self)
+        forwarding._generation = generation
+        forwarding._routes = {
+            **forwarding._local_routes(),
+            paths.RUNTIME_DRAIN_BEGIN_PATH: _Route(forwarding._forward_begin, "POST", "control"),
+            paths.RUNTIME_DRAIN_STATUS_PATH: _Route(forwarding._forward_status, "GET", "control"),
+            paths.RUNTIME_DRAIN_CURRENT_PATH: _Route(forwarding._forward_current, "GET", "control"),
+            paths.RUNTIME_DRAIN_ROLLBACK_PATH: _Route(
+                forwarding._forward_rollback, "POST", "control"
+            ),
+            paths.RUNTIME_SCHEDULES_STATUS_PATH: _Route(
+                forwarding._forward_schedules, "GET", "control"
+            ),
+            # Opt-in and without a token, as in one process (``asgi.published``).
+            paths.RUNTIME_METRICS_PATH: _Route(forwarding._forward_metrics, "GET", None),
+            paths.RUNTIME_SUPERVISOR_RELOAD_PATH: _Route(forwarding._reload, "POST", "control"),
+            paths.RUNTIME_SUPERVISOR_HANDOVER_PATH: _Route(forwarding._handover, "GET", "control"),
+        }
+        return forwarding
+
+    def _local_routes(self) -> dict[str, _Route]:
+        return {
             paths.RUNTIME_DRAIN_BEGIN_PATH: _Route(self._drain_begin, "POST", "control"),
             paths.RUNTIME_DRAIN_STATUS_PATH: _Route(self._drain_status, "GET", "control"),
             paths.RUNTIME_DRAIN_ROLLBACK_PATH: _Route(self._drain_rollback, "POST", "control"),
@@ -129,6 +235,9 @@ class ControlApp:
             paths.RUNTIME_SCHEDULES_STATUS_PATH: _Route(self._schedules_status, "GET", "control"),
             paths.RUNTIME_READY_PATH: _Route(self._ready, "GET", None),
             paths.RUNTIME_LIVE_PATH: _Route(self._live, "GET", None),
+            # Served by a ``serve --workers`` supervisor only: here they say what to do instead.
+            paths.RUNTIME_SUPERVISOR_RELOAD_PATH: _Route(_not_supervised, "POST", "control"),
+            paths.RUNTIME_SUPERVISOR_HANDOVER_PATH: _Route(_not_supervised, "GET", "control"),
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -189,15 +298,17 @@ class ControlApp:
                 detail=f"the bearer token does not match this runtime's {kind} token"
             )
 
+    async def _body(
+        self, request: Request, not_json: Callable[[], LifecycleError] | None = None
+    ) -> object:
+        return await _json_body(request, self._body_timeout, not_json or _drain_body_not_json)
+
     async def _drain_begin(self, request: Request) -> Response:
-        accepted = self._begin_drain(await _json_body(request))
+        accepted = self._drain.begin(await self._body(request), origin="control")
         return _json(accepted.model_dump(), 202)
 
     async def _drain_status(self, request: Request) -> Response:
-        nonce = request.query_params.get("nonce")
-        if nonce is None:
-            raise DrainNotFoundError(detail="the nonce query parameter is required")
-        status = self._drain.status(nonce)
+        status = self._drain.status(_nonce_query(request))
         return _json(status.model_dump(mode="json", exclude_none=True), 200)
 
     async def _drain_current(self, request: Request) -> Response:
@@ -207,7 +318,7 @@ class ControlApp:
     async def _drain_rollback(self, request: Request) -> Response:
         from ..wire.drain import parse_rollback_request  # pydantic, on the first rollback
 
-        rollback = parse_rollback_request(await _json_body(request))
+        rollback = parse_rollback_request(await self._body(request))
         status = self._drain.rollback(rollback.nonce)
         return _json(status.model_dump(mode="json", exclude_none=True), 200)
 
@@ -228,7 +339,7 @@ class ControlApp:
         return _json_bytes(document, 200, background=BackgroundTask(_released, handoff))
 
     async def _state_begin(self, request: Request) -> Response:
-        body = await _json_body(request, _state_body_not_json)
+        body = await self._body(request, _state_body_not_json)
         timeout_ms = body.get("timeoutMs") if isinstance(body, dict) else None
         accepted = self._require_handoff().begin(body, timeout_ms)
         return _json(dict(accepted), 202)
@@ -252,6 +363,55 @@ class ControlApp:
 
     async def _live(self, request: Request) -> Response:
         return _json({"live": True}, 200)
+
+    # The generation-wide paths under a supervisor (``for_generation``): checked here, then
+    # handed on as small typed calls.
+
+    async def _forward(self, call: str, arguments: dict[str, object]) -> Response:
+        assert self._generation is not None
+        answer = await self._generation(call, arguments)
+        response = _bytes_response(answer.body, answer.status, answer.content_type)
+        for name, value in answer.headers:
+            response.headers[name] = value
+        return response
+
+    async def _forward_begin(self, request: Request) -> Response:
+        return await self._forward("drain.begin", {"request": await self._body(request)})
+
+    async def _forward_status(self, request: Request) -> Response:
+        return await self._forward("drain.status", {"nonce": _nonce_query(request)})
+
+    async def _forward_current(self, request: Request) -> Response:
+        return await self._forward("drain.current", {})
+
+    async def _forward_rollback(self, request: Request) -> Response:
+        from ..wire.drain import parse_rollback_request  # pydantic, on the first rollback
+
+        rollback = parse_rollback_request(await self._body(request))
+        return await self._forward("drain.rollback", {"nonce": rollback.nonce})
+
+    async def _forward_schedules(self, request: Request) -> Response:
+        return await self._forward("schedules", {})
+
+    async def _forward_metrics(self, request: Request) -> Response:
+        return await self._forward("metrics", {"head": request.method == "HEAD"})
+
+    async def _reload(self, request: Request) -> Response:
+        body = await self._body(request, _reload_body_not_json)
+        if not isinstance(body, dict) or body:
+            raise DrainRequestInvalidError(detail="the body of a reload is the empty object {}")
+        return await self._forward("reload", {})
+
+    async def _handover(self, request: Request) -> Response:
+        wanted = request.query_params.get("handover")
+        number: int | None = None
+        if wanted is not None:
+            if not (wanted.isascii() and wanted.isdigit() and len(wanted) <= _HANDOVER_DIGITS):
+                raise ControlPathNotFoundError(
+                    detail="no handover with this number (give the number reload answered)"
+                )
+            number = int(wanted)
+        return await self._forward("handover", {"number": number})
 
     def _require_handoff(self) -> StateHandoffController[Any]:
         if self._handoff is None:
@@ -285,6 +445,23 @@ def _require_direct_loopback(request: Request) -> None:
         )
 
 
+async def _not_supervised(request: Request) -> Response:
+    raise ControlPathNotFoundError(detail=_NOT_SUPERVISED)
+
+
+def _nonce_query(request: Request) -> str:
+    nonce = request.query_params.get("nonce")
+    if nonce is None:
+        raise DrainNotFoundError(detail="the nonce query parameter is required")
+    if len(nonce) > _NONCE_CHARS:
+        raise DrainNotFoundError(detail="the nonce must be 43 base64url characters")
+    return nonce
+
+
+def _reload_body_not_json() -> LifecycleError:
+    return DrainRequestInvalidError(detail="the body of a reload is the empty object {}")
+
+
 def _drain_body_not_json() -> LifecycleError:
     return DrainRequestInvalidError(detail="the body is not strict UTF-8 JSON")
 
@@ -294,9 +471,10 @@ def _state_body_not_json() -> LifecycleError:
 
 
 async def _json_body(
-    request: Request, not_json: Callable[[], LifecycleError] = _drain_body_not_json
+    request: Request, timeout: float, not_json: Callable[[], LifecycleError]
 ) -> object:
-    """The body as JSON; one that is not is refused with the error ``not_json`` makes."""
+    """The body as JSON, read within ``timeout`` seconds; one that is not JSON is refused with the
+    error ``not_json`` makes."""
     content_type = request.headers.get("content-type", "")
     if content_type.split(";", 1)[0].strip().lower() != "application/json":
         raise ContentTypeInvalidError(detail="send Content-Type: application/json")
@@ -306,12 +484,18 @@ async def _json_body(
     ):
         raise BodyTooLargeError(detail=f"control bodies are at most {MAX_CONTROL_BODY_BYTES} bytes")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_CONTROL_BODY_BYTES:
-            raise BodyTooLargeError(
-                detail=f"control bodies are at most {MAX_CONTROL_BODY_BYTES} bytes"
-            )
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_CONTROL_BODY_BYTES:
+                    raise BodyTooLargeError(
+                        detail=f"control bodies are at most {MAX_CONTROL_BODY_BYTES} bytes"
+                    )
+    except TimeoutError:
+        raise BodyTimeoutError(
+            detail=f"the body did not arrive within {timeout:g} s; send it at once"
+        ) from None
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -319,15 +503,10 @@ async def _json_body(
 
 
 def _error(error: LifecycleError) -> Response:
-    status = status_for(error)
-    body: dict[str, str] = {"error": error.code}
-    if error.detail:
-        body["detail"] = error.detail
-    response = _json(body, status)
-    if status == 401:
-        response.headers["WWW-Authenticate"] = "Bearer"
-    if isinstance(error, MethodNotAllowedError):
-        response.headers["Allow"] = error.allow
+    answer = error_answer(error)
+    response = _json_bytes(answer.body, answer.status)
+    for name, value in answer.headers:
+        response.headers[name] = value
     return response
 
 
@@ -341,10 +520,16 @@ def _json(content: object, status: int) -> Response:
 
 
 def _json_bytes(body: bytes, status: int, background: BackgroundTask | None = None) -> Response:
+    return _bytes_response(body, status, "application/json", background)
+
+
+def _bytes_response(
+    body: bytes, status: int, media_type: str, background: BackgroundTask | None = None
+) -> Response:
     return Response(
         body,
         status_code=status,
-        media_type="application/json",
+        media_type=media_type,
         headers={"Cache-Control": "no-store"},
         background=background,
     )

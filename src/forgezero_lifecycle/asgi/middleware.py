@@ -35,6 +35,23 @@ touched) is cancelled instead: the app sees ``asyncio.CancelledError`` there, an
 takes that cancel back (``Task.uncancel``) and returns as for an abandoned send, unless somebody
 else, the server say, cancelled the request too: then the ``CancelledError`` is passed on.
 
+A WebSocket session's sends are bounded the same way, whenever they began: one made while
+draining gives itself up at the cutoff, one made before is the server's own coroutine, whose
+blocked task the cutoff cancels. The close notice waits for a send in progress only until the
+cutoff. A session still running at the cutoff is abandoned (``drain.connection_abandoned
+kind=websocket``, once) and its connection aborted; one the drain closed with 1012 has
+:data:`CLOSE_HANDSHAKE_TIMEOUT` seconds after its app returned for the close handshake, then its
+connection is aborted too. The server's own close waits until a connection's write buffer is
+flushed, which a client that never reads never lets happen: this keeps such a client from
+holding the server's stop (uvicorn's WebSocket protocols and hypercorn's over HTTP/1; under
+another server a log line says the connection is left to it).
+
+Under hypercorn, each HTTP/2 connection seen is sent GOAWAY at the drain's first instant and
+again, the final one, once intake closed, then closed; a busy connection is told once its last
+stream is done, and a stream opened after the GOAWAY is refused unprocessed
+(:mod:`forgezero_lifecycle.asgi._hypercorn`; docs/streams.md says why the GOAWAY names the last
+stream taken in, not the largest id).
+
 Under uvicorn, and under hypercorn for HTTP/1, a request admitted while no drain has begun is
 not wrapped at all: it gets the server's own ``receive`` and ``send``, and the drain acts on
 uvicorn's request cycle (:mod:`forgezero_lifecycle.asgi._uvicorn`) or hypercorn's stream
@@ -50,13 +67,15 @@ everything else per request is a local or a closure.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from types import CoroutineType
 from typing import Any, Final, final
 
-from .._clock import first
 from .._errors import ConnectionClosedByDrainError
+from .._race import first
 from ..core.gate import DrainMoment, IntakeGate
 from ..core.signal_drain import SignalDrain
 from ..wire.paths import CONTROL_PREFIX
@@ -67,7 +86,16 @@ from ._drain_messages import ABANDONED_CODE, CLOSE_HEADER, LAST_CHUNK, abandoned
 from ._hypercorn import HTTP1, KNOWN_STREAMS, DrainSend
 from ._paths import app_path
 from ._types import ASGIApp, Message, Receive, Scope, Send
-from ._uvicorn import KNOWN_CYCLES, act, given_up, learn, reconnect, settle
+from ._uvicorn import (
+    KNOWN_CYCLES,
+    act,
+    cut,
+    given_up,
+    learn,
+    reconnect,
+    settle,
+    websocket_transport,
+)
 
 __all__ = ["InFlightMiddleware"]
 
@@ -77,6 +105,11 @@ _REFUSAL_BODY: Final = b'{"error":"RUNTIME_DRAINING"}'
 _DISCONNECT: Final = {"type": "http.disconnect"}
 _TRY_AGAIN_LATER: Final = 1013
 _CLOSED: Final = "RUNTIME_DRAIN_CONNECTION_CLOSED"
+#: Seconds a WebSocket the drain closed (1012) has for its close handshake once its app
+#: returned; then its connection is aborted (:func:`_end_connection`).
+CLOSE_HANDSHAKE_TIMEOUT: Final = 2.0
+#: How often a connection waiting for its GOAWAY is looked at, until its last stream is done.
+_H2_IDLE_CHECK: Final = 0.05
 #: HTTP versions whose responses must not carry ``connection`` (RFC 9113 8.2.2, RFC 9114 4.2).
 _NO_CONNECTION_HEADER: Final = frozenset({"2", "3"})
 
@@ -100,8 +133,15 @@ class InFlightMiddleware:
         retry_after: int = 1,
         websocket_close_code: int = 1012,
         signals: SignalDrain | None = None,
+        notice_spread: float = 0.0,
+        notice_room: Callable[[], float] | None = None,
     ) -> None:
         self.app = app
+        #: Seconds over which the stream notice reaches the sessions and requests running at
+        #: it, each at its own instant (0: all at once), and how long is left until the cutoff
+        #: when the notice comes (the window is at most half of it; None: no limit).
+        self._notice_spread = notice_spread
+        self._notice_room = notice_room
         self._signals = signals
         self._gate = gate
         self._control = control
@@ -113,6 +153,16 @@ class InFlightMiddleware:
         #: The wrapped requests running now, for the cutoff to find a send of theirs that was
         #: blocked before the drain began (:mod:`._blocked`).
         self._wrapped: set[_HttpResponder] = set()
+        #: The WebSocket sessions running now, for the same (a send of theirs made before the
+        #: drain and still blocked at the cutoff).
+        self._sessions: set[_WebSocketSession] = set()
+        #: hypercorn's HTTP/2 connections seen (one request of theirs at least), for the GOAWAY
+        #: a drain sends at its first instant and once intake closed; and those with streams
+        #: still running then, with the GOAWAY each waits to be sent (True: the final one).
+        self._h2: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._h2_waiting: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        #: The last stream id each connection's GOAWAY named: a later stream is not processed.
+        self._h2_last: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         #: Whether an HTTP or WebSocket scope must be screened in full before it is counted: with
         #: an exempt predicate, or while the signal hook waits for a first request to install it
         #: (:attr:`SignalDrain.pending <forgezero_lifecycle.core.signal_drain.SignalDrain>`
@@ -124,6 +174,8 @@ class InFlightMiddleware:
         self._stream_kind: type | None = None
         self._other_kind: type | None = None
         gate.watch(self._at_drain_moment)
+        if signals is not None:
+            signals.when_forced(self._cut_running)
         #: The refusal's headers over HTTP/2 and HTTP/3, where ``connection`` is forbidden, and
         #: over HTTP/1 (the same, with Connection: close).
         self._refusal_headers_h2: Final = [
@@ -200,6 +252,10 @@ class InFlightMiddleware:
             return
         # Everything else (admitted while draining, HTTP/2, another server) is counted by the
         # gate and wrapped.
+        if scope.get("http_version") == "2" and self._past_goaway(send):
+            gate.refused_http += 1
+            await self._refuse_http(scope, receive, send)
+            return
         if not gate.admit_http():
             gate.refused_http += 1
             await self._refuse_http(scope, receive, send)
@@ -298,14 +354,92 @@ class InFlightMiddleware:
             self._other_kind = kind
         return False
 
+    def _past_goaway(self, send: Send) -> bool:
+        """Note the HTTP/2 connection of a request under hypercorn (one first seen while
+        draining is told GOAWAY once this request is done); True when the request's stream
+        came after the GOAWAY sent on it, which said such a stream is not processed (the
+        client retries it elsewhere): it gets the refusal, and the app never sees it."""
+        try:
+            protocol = _hypercorn.h2_connection(send)
+            if protocol is None:
+                return False
+            last = self._h2_last.get(protocol)
+            if last is not None:
+                return _hypercorn.stream_id(send) > last
+            if protocol not in self._h2:
+                self._h2.add(protocol)
+                if self._gate.draining:
+                    self._goaway_when_idle(protocol, final=not self._gate.is_open)
+        except Exception:  # a server that changed under us: log, never fail the request
+            logger.exception("drain.h2_goaway_failed")
+        return False
+
+    def _goaway(self, moment: DrainMoment) -> None:
+        """GOAWAY on every HTTP/2 connection seen: the first at the drain's first instant, the
+        final one once intake closed (after the not-ready grace)."""
+        for protocol in list(self._h2):
+            try:
+                self._goaway_when_idle(protocol, final=moment == "closed")
+            except Exception:  # a server that changed under us: log, never stop the drain
+                logger.exception("drain.h2_goaway_failed moment=%s", moment)
+
+    def _goaway_when_idle(self, protocol: Any, *, final: bool) -> None:
+        """Send the GOAWAY now if the connection has no stream running, else once its last one
+        is done: Python's h2 (httpx's HTTP/2) fails every stream still open on a connection
+        that received a GOAWAY, whatever its last stream id, so a busy one is told after."""
+        if _hypercorn.h2_idle(protocol):
+            self._send_goaway(protocol, final=final)
+            self._h2_waiting.pop(protocol, None)
+            return
+        if not self._h2_waiting:
+            asyncio.get_running_loop().call_later(_H2_IDLE_CHECK, self._goaway_waiting)
+        self._h2_waiting[protocol] = final or self._h2_waiting.get(protocol, False)
+
+    def _send_goaway(self, protocol: Any, *, final: bool) -> None:
+        last = _hypercorn.goaway(protocol, final=final)
+        if last is not None:
+            self._h2_last[protocol] = last
+
+    def _goaway_waiting(self) -> None:
+        """Send each waiting GOAWAY whose connection has become idle (looked at every
+        _H2_IDLE_CHECK seconds while one waits: hypercorn tells nobody)."""
+        for protocol, closing in list(self._h2_waiting.items()):
+            try:
+                if _hypercorn.h2_idle(protocol):
+                    del self._h2_waiting[protocol]
+                    self._send_goaway(protocol, final=closing)
+            except Exception:
+                self._h2_waiting.pop(protocol, None)
+                logger.exception("drain.h2_goaway_failed")
+        if self._h2_waiting:
+            asyncio.get_running_loop().call_later(_H2_IDLE_CHECK, self._goaway_waiting)
+
     def _at_drain_moment(self, moment: DrainMoment) -> None:
-        if moment == "cutoff" and self._wrapped:
+        if moment == "draining" or moment == "closed":
+            if self._h2:
+                self._goaway(moment)
+            if moment == "closed":
+                return
+        if moment == "notice" and self._notice_spread > 0:
+            self._spread_notice()
+            return
+        if moment == "cutoff" and (self._wrapped or self._sessions):
             # A wrapped send made before the drain is the server's own, handed to the app as it
             # is: the task still blocked in one is cancelled (a send made since bounds itself).
             try:
-                sends = [(responder, responder.sending) for responder in self._wrapped]
-                for responder, task in tasks_blocked_in(sends):
-                    responder.give_up(task)
+                sends: list[tuple[_HttpResponder | _WebSocketSession, Any]] = [
+                    (responder, responder.sending) for responder in self._wrapped
+                ]
+                sends.extend((session, session.sending) for session in self._sessions)
+                for owner, task in tasks_blocked_in(sends):
+                    owner.give_up(task)
+                # A session the drain (or its app) closed and still running now is held by a
+                # client that does not answer the close: its connection is abandoned, so its
+                # app's receive() and send() end and the count is released in time. One not
+                # told yet (its instant in the spread still ahead) is closed now by its watcher.
+                for session in self._sessions:
+                    if session.ended is not None or session.app_closed:
+                        session.abandon_connection()
             except Exception:  # never stop the drain
                 logger.exception("drain.server_request_failed moment=%s", moment)
         for cycle in list(self._running):
@@ -317,6 +451,58 @@ class InFlightMiddleware:
             except Exception:  # a server that changed under us: log, never stop the drain
                 logger.exception("drain.server_request_failed moment=%s", moment)
 
+    def _cut_running(self) -> None:
+        """A second signal forced the server's stop: abort the connection of every request of
+        the server's own still running here (wrapped ones are left to the server's stop)."""
+        for cycle in list(self._running):
+            try:
+                if KNOWN_STREAMS.get(type(cycle)):
+                    _hypercorn.cut(cycle)
+                else:
+                    cut(cycle)
+            except Exception:  # a server that changed under us: its own stop goes on
+                logger.exception("drain.server_request_failed moment=forced")
+
+    def _spread_notice(self) -> None:
+        """The notice with a spread: every session and request running now is given its own
+        instant, evenly over the window (the first at once), rather than all of them together."""
+        window = self._notice_spread
+        if self._notice_room is not None:
+            window = min(window, max(0.0, self._notice_room()) / 2)
+        running = list(self._running)
+        targets = len(self._sessions) + len(self._wrapped) + len(running)
+        if targets == 0:
+            return
+        step = window / targets
+        slot = 0
+        for session in self._sessions:
+            session.notice_delay = step * slot
+            slot += 1
+        for responder in self._wrapped:
+            responder.notice_delay = step * slot
+            slot += 1
+        loop = asyncio.get_running_loop()
+        for cycle in running:
+            delay = step * slot
+            slot += 1
+            if delay == 0:
+                self._notice_one(cycle)
+            else:
+                loop.call_later(delay, self._notice_one, cycle)
+
+    def _notice_one(self, cycle: Any) -> None:
+        """The notice, at its own instant, for a server request still running (the cutoff
+        acts on it itself if it came first)."""
+        if cycle not in self._running or self._gate.cutoff.is_set():
+            return
+        try:
+            if KNOWN_STREAMS.get(type(cycle)):
+                _hypercorn.act("notice", cycle)
+            else:
+                act("notice", cycle)
+        except Exception:  # a server that changed under us: log, never stop the drain
+            logger.exception("drain.server_request_failed moment=notice")
+
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         gate = self._gate
         if not gate.try_admit("websocket"):
@@ -324,14 +510,25 @@ class InFlightMiddleware:
             await self._refuse_websocket(scope, receive, send)
             return
         session = _WebSocketSession(gate, send, self._close_code)
+        sessions = self._sessions
+        sessions.add(session)
         watcher = asyncio.ensure_future(session.close_at_notice())
         try:
             await self.app(scope, receive, session.send)
         except Exception as error:
             if not (session.ended and _caused_by_drain(error)):
                 raise
+        except asyncio.CancelledError:
+            if not session.forgive_cancel():
+                raise  # cancelled by somebody else too (the server, say): that stands
+            # A send blocked since before the drain, cancelled at the cutoff: given up.
         finally:
             watcher.cancel()
+            sessions.discard(session)
+            if session.cancelled is not None:
+                session.forgive_cancel()  # the app swallowed the cutoff's CancelledError
+            if session.ended is not None:
+                _end_connection(send, now=session.ended == ABANDONED_CODE)
             gate.release("websocket")
 
     async def _refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -351,11 +548,46 @@ class InFlightMiddleware:
             await send({"type": "websocket.close", "code": _TRY_AGAIN_LATER, "reason": "draining"})
 
 
+class _GivenUpAtCutoff:
+    """The cutoff's hold on a request or session whose send has been blocked since before the
+    drain (a client that does not read): cancel the task blocked in it, then take that back."""
+
+    __slots__ = ("cancelled",)
+
+    #: The task the cutoff cancelled to give up that send, until the cancel is taken back (each
+    #: subclass sets it to None first: no ``__init__`` here, one call less per request).
+    cancelled: asyncio.Task[Any] | None
+
+    def _abandon(self) -> None:
+        raise NotImplementedError
+
+    def give_up(self, task: asyncio.Task[Any]) -> None:
+        """At the cutoff: ``task`` is blocked in ``sending``, since before the drain; cancel it."""
+        self._abandon()
+        self.cancelled = task
+        task.cancel("the client did not read before the drain's deadline")
+
+    def forgive_cancel(self) -> bool:
+        """Take back the cancel of :meth:`give_up` (see :func:`_take_back`)."""
+        task, self.cancelled = self.cancelled, None
+        return _take_back(task)
+
+
 @final
-class _WebSocketSession:
+class _WebSocketSession(_GivenUpAtCutoff):
     """Per-session state of one admitted WebSocket: who closed it, and the send lock."""
 
-    __slots__ = ("_close_code", "_gate", "_lock", "_send", "app_closed", "ended", "responding")
+    __slots__ = (
+        "_close_code",
+        "_gate",
+        "_lock",
+        "_send",
+        "app_closed",
+        "ended",
+        "notice_delay",
+        "responding",
+        "sending",
+    )
 
     def __init__(self, gate: IntakeGate, send: Send, close_code: int) -> None:
         self._gate = gate
@@ -368,6 +600,12 @@ class _WebSocketSession:
         self.responding = False
         #: Why the drain ended the session (a ``ConnectionClosedByDrainError`` code), or None.
         self.ended: str | None = None
+        #: The server's send coroutine of the last message sent while not draining (done, or
+        #: still blocked: what the cutoff looks for).
+        self.sending: CoroutineType[Any, Any, None] | None = None
+        self.cancelled = None
+        #: Seconds after the notice this session is closed (its instant in the spread).
+        self.notice_delay = 0.0
 
     async def send(self, message: Message) -> None:
         async with self._lock:
@@ -385,15 +623,26 @@ class _WebSocketSession:
             ):
                 self.app_closed = True
             if not self._gate.draining:
-                await self._send(message)
+                # The server's own coroutine, kept for the cutoff: if a client that does not
+                # read still blocks it then, the task blocked in it is cancelled (give_up).
+                sending = self._send(message)
+                if type(sending) is not CoroutineType:
+                    sending = _awaiting(sending)
+                self.sending = sending  # type: ignore[assignment]  # a coroutine now
+                await sending
             elif not await _send_within(self._send, message, self._gate.cutoff):
                 self._abandon()
                 raise abandoned()
 
     async def close_at_notice(self) -> None:
         gate = self._gate
-        await gate.notice.wait()
-        async with self._lock:
+        await _notice_for(gate, self)
+        # A send in progress holds the lock: the close waits for it until the cutoff at most,
+        # when that send is given up (by itself, or by give_up) and the session with it.
+        locking = await first(self._lock.acquire(), gate.cutoff.wait())
+        if locking.cancelled():
+            return
+        try:
             if self.ended is not None or self.app_closed or self.responding:
                 return  # a denial response in progress ends by itself
             self.ended = _CLOSED
@@ -401,17 +650,64 @@ class _WebSocketSession:
             close = {"type": "websocket.close", "code": self._close_code, "reason": "draining"}
             if not await _send_within(self._send, close, gate.cutoff):
                 self._abandon()
+        finally:
+            self._lock.release()
+
+    def abandon_connection(self) -> None:
+        """At the cutoff, the session still running: give up on it and abort its connection."""
+        self._abandon()
+        _end_connection(self._send, now=True)
 
     def _abandon(self) -> None:
-        self.ended = ABANDONED_CODE
-        logger.warning("drain.connection_abandoned kind=websocket")
+        if self.ended != ABANDONED_CODE:
+            self.ended = ABANDONED_CODE
+            logger.warning("drain.connection_abandoned kind=websocket")
+
+
+def _end_connection(send: Send, *, now: bool) -> None:
+    """End the connection of a WebSocket session the drain ended: at once (abandoned), or once
+    its close handshake had :data:`CLOSE_HANDSHAKE_TIMEOUT` seconds (closed 1012): a client that
+    never reads would otherwise keep the connection, and the server's stop, open for ever (the
+    server closes it the usual way, which waits until its write buffer is flushed)."""
+    transport = websocket_transport(send) or _hypercorn.websocket_transport(send)
+    if transport is None:
+        _cannot_end(send)
+    elif now:
+        transport.abort()
+    else:
+        asyncio.get_running_loop().call_later(CLOSE_HANDSHAKE_TIMEOUT, transport.abort)
+
+
+#: The classes of ``send.__self__`` whose connection :func:`_end_connection` could not find.
+_UNKNOWN_CONNECTIONS: Final[set[type]] = set()
+
+
+def _cannot_end(send: Send) -> None:
+    kind = type(getattr(send, "__self__", None))
+    if kind in _UNKNOWN_CONNECTIONS:
+        return
+    _UNKNOWN_CONNECTIONS.add(kind)
+    package = kind.__module__.partition(".")[0]
+    try:
+        version = importlib.metadata.version(package)
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        version = "unknown"
+    logger.warning(
+        "drain.websocket_connection_unknown server=%s version=%s send=%s.%s: a WebSocket the "
+        "drain ended is closed by the server its own way, which may wait on a client that does "
+        "not read",
+        package,
+        version,
+        kind.__module__,
+        kind.__qualname__,
+    )
 
 
 _BODILESS_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 @final
-class _HttpResponder:
+class _HttpResponder(_GivenUpAtCutoff):
     """Per-request state of one wrapped HTTP request (slotted: one per request)."""
 
     __slots__ = (
@@ -421,11 +717,11 @@ class _HttpResponder:
         "abandoned",
         "bodiless",
         "body_done",
-        "cancelled",
         "closes",
         "disconnected",
         "finished",
         "head",
+        "notice_delay",
         "sending",
         "started",
     )
@@ -451,8 +747,9 @@ class _HttpResponder:
         #: The server's send coroutine of the last message sent while not draining (done, or
         #: still blocked: what the cutoff looks for).
         self.sending: CoroutineType[Any, Any, None] | None = None
-        #: The task the cutoff cancelled to give up that send, until the cancel is taken back.
-        self.cancelled: asyncio.Task[Any] | None = None
+        self.cancelled = None
+        #: Seconds after the notice this request is told (its instant in the spread).
+        self.notice_delay = 0.0
 
     @property
     def cut_short(self) -> bool:
@@ -481,7 +778,7 @@ class _HttpResponder:
 
     async def _after_body(self) -> Message:
         # After the body only a disconnect can arrive: wait for it or for the stream notice.
-        incoming = await _receive_or_notice(self._receive, self._gate.notice)
+        incoming = await _receive_or_notice(self._receive, self._gate, self)
         if incoming is None:
             self.disconnected = True
             return dict(_DISCONNECT)
@@ -504,27 +801,6 @@ class _HttpResponder:
         self.sending = sending  # type: ignore[assignment]  # a coroutine now
         return sending
 
-    def give_up(self, task: asyncio.Task[Any]) -> None:
-        """At the cutoff: ``task`` is blocked in :attr:`sending`, since before the drain; cancel it."""
-        self._abandon()
-        self.cancelled = task
-        task.cancel("the client did not read before the drain's deadline")
-
-    def forgive_cancel(self) -> bool:
-        """Take back the cancel of :meth:`give_up`, in the request's task; True when the
-        ``CancelledError`` it raised there came of that cancel alone (nobody else's pending)."""
-        task, self.cancelled = self.cancelled, None
-        if task is None:
-            return False
-        current = asyncio.current_task()
-        if current is None:
-            return False
-        if task is current:
-            return current.uncancel() == 0
-        # The app sent from a task of its own: the one cancelled; this one was not, unless
-        # somebody else asked.
-        return current.cancelling() == 0
-
     async def _send_before_cutoff(self, message: Message) -> None:
         if not self.abandoned:
             if await _send_within(self._send, message, self._gate.cutoff):
@@ -537,6 +813,21 @@ class _HttpResponder:
         if not self.abandoned:
             self.abandoned = True
             logger.warning("drain.connection_abandoned kind=http")
+
+
+def _take_back(task: asyncio.Task[Any] | None) -> bool:
+    """Take back the cutoff's cancel of ``task``, in the request's (or session's) own task; True
+    when the ``CancelledError`` it raised there came of that cancel alone (nobody else's pending)."""
+    if task is None:
+        return False
+    current = asyncio.current_task()
+    if current is None:
+        return False
+    if task is current:
+        return current.uncancel() == 0
+    # The app sent from a task of its own: the one cancelled; this one was not, unless
+    # somebody else asked.
+    return current.cancelling() == 0
 
 
 async def _awaiting(sending: Awaitable[None]) -> None:
@@ -569,12 +860,22 @@ def _caused_by_drain(error: BaseException, depth: int = 0) -> bool:
     return False
 
 
-async def _receive_or_notice(receive: Receive, notice: asyncio.Event) -> Message | None:
-    """The next message, or None once the stream notice is given."""
-    if notice.is_set():
+async def _receive_or_notice(
+    receive: Receive, gate: IntakeGate, told: _HttpResponder
+) -> Message | None:
+    """The next message, or None once the stream notice is given (at ``told``'s instant)."""
+    if gate.notice.is_set() and told.notice_delay == 0:
         return None
-    incoming = await first(receive(), notice.wait())
+    incoming = await first(receive(), _notice_for(gate, told))
     return None if incoming.cancelled() else incoming.result()
+
+
+async def _notice_for(gate: IntakeGate, told: _HttpResponder | _WebSocketSession) -> None:
+    """Return at ``told``'s instant of the stream notice: the notice plus its delay in the
+    spread, or the cutoff if that comes first."""
+    await gate.notice.wait()
+    if told.notice_delay > 0 and not gate.cutoff.is_set():
+        await first(asyncio.sleep(told.notice_delay), gate.cutoff.wait())
 
 
 def _with_connection_close(message: Message) -> Message:
