@@ -1,6 +1,6 @@
 """Generations of the reliability app as real uvicorn processes, and the orchestrator's moves.
 
-Processes are started with the real-server helpers of ``tests/server`` (bounded waits, output to a
+Processes are started with the real-server helpers of ``tests/real_servers`` (bounded waits, output to a
 log file) on a worker thread, so the load keeps running meanwhile. The fleet ends every process it
 started, by PID, and nothing else. Orchestration speaks the wire protocol directly (paths, JSON
 bodies, bearer tokens), as any orchestrator would.
@@ -17,9 +17,9 @@ from typing import Any, Final
 import anyio
 import httpx
 
-from tests.server._control import AUTH, CONTROL_TOKEN, WireControl, drain_request, new_nonce
-from tests.server._servers import RunningServer, start_server, stop_server
-from tests.server.conftest import _KNOWN_QUIRKS, _LOG_ALARMS
+from tests.real_servers._control import AUTH, CONTROL_TOKEN, WireControl, drain_request, new_nonce
+from tests.real_servers._servers import RunningServer, start_server, stop_server
+from tests.real_servers.conftest import _KNOWN_QUIRKS, _LOG_ALARMS
 
 from ._constants import HANDOFF_TOKEN, STATE_PROTOCOL
 from ._records import ServerRecords

@@ -28,6 +28,11 @@ WEIGHTS: Final = (0.45, 0.2, 0.15, 0.2)
 MAX_ATTEMPTS: Final = 200
 RETRY_PAUSE: Final = 0.05
 STREAM_CHUNKS: Final = 5
+#: Seconds a pooled connection may stay idle: below uvicorn's keep-alive timeout (5 s), as for any
+#: proxy in front of a server (docs/servers.md, "A proxy or a client pool in front"). At equal
+#: timeouts the server's close of an idle connection races the next request sent on it, which
+#: then fails without an answer (httpx's default is 5 s, uvicorn's is 5 s).
+KEEPALIVE_EXPIRY: Final = 2.0
 
 
 @final
@@ -42,7 +47,11 @@ class Target:
 
     @classmethod
     def open(cls, label: str, url: str, connections: int) -> Target:
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        limits = httpx.Limits(
+            max_connections=connections,
+            max_keepalive_connections=connections,
+            keepalive_expiry=KEEPALIVE_EXPIRY,
+        )
         return cls(
             label,
             url,

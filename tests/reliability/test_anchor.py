@@ -31,7 +31,7 @@ ROUTER_LAG: Final = 0.3
 
 
 @pytest.mark.timeout(scale(60, 900))
-async def test_bare_uvicorn_sigterm_under_load_is_measured(fleet: Fleet) -> None:
+async def test_bare_uvicorn_sigterm(fleet: Fleet) -> None:
     """Measure what a bare uvicorn SIGTERM mid-load costs (the anchor the runtime is compared to)."""
     current = await fleet.start("a0", FZREL_BARE="1")
     router = Router(Target.open("a0", current.url, CLIENTS + 10))

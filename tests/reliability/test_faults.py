@@ -40,7 +40,7 @@ async def _wait_for(check: Any, seconds: float = 15.0) -> Any:
 
 
 @pytest.mark.timeout(scale(60, 600))
-async def test_candidate_killed_mid_handoff_leaves_the_old_generation_to_roll_back_and_serve(
+async def test_candidate_killed(
     fleet: Fleet,
 ) -> None:
     """SIGKILL of the candidate mid-handoff: the old one rolls back, serves, loses nothing."""
@@ -113,10 +113,9 @@ async def _start_two(fleet: Fleet, first: str, second: str) -> tuple[Generation,
 
 
 @pytest.mark.timeout(scale(60, 300))
-async def test_old_generation_killed_mid_job_is_reclaimed_once_and_its_late_commit_rejected(
-    fleet: Fleet, jobs: SharedJobs
-) -> None:
-    """SIGKILL mid-job: the next generation reclaims after the lease; no job is done twice."""
+async def test_old_killed_mid_job(fleet: Fleet, jobs: SharedJobs) -> None:
+    """SIGKILL mid-job: the next generation reclaims after the lease; no job is done twice, and the
+    old generation's late commit is rejected."""
     total = scale(24, 200)
     old = await fleet.start("j0", FZREL_JOB_SECONDS="0.4", FZREL_JOB_LEASE="1.5", **jobs.env)
     await jobs.enqueue(total)
@@ -177,9 +176,7 @@ def _begun_at(generation: Generation) -> dict[tuple[int, int], float]:
 
 
 @pytest.mark.timeout(60)
-async def test_drain_deadline_expiring_fails_with_the_counters_and_rollback_restores_service(
-    fleet: Fleet, sqlite_jobs: SharedJobs
-) -> None:
+async def test_deadline_then_rollback(fleet: Fleet, sqlite_jobs: SharedJobs) -> None:
     """Work outliving timeoutMs fails the drain (TIMEOUT, counters); rollback serves it all."""
     gen = await fleet.start("d0", FZREL_JOB_SECONDS="2.5", FZREL_JOB_LEASE="5", **sqlite_jobs.env)
     await sqlite_jobs.enqueue(2)

@@ -62,7 +62,7 @@ async def _one(candidate: Generation, url: str) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(90)
-async def test_hostile_handoff_sources_fail_with_their_code_within_the_deadline_and_import_nothing(
+async def test_hostile_handoff_sources(
     fleet: Fleet,
 ) -> None:
     """Stalls, bombs, lying lengths, redirects and hang-ups: the right code, bounded, no import."""

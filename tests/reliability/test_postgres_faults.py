@@ -122,10 +122,11 @@ async def database() -> AsyncIterator[_Database]:
 
 
 @pytest.mark.timeout(scale(60, 600))
-async def test_worker_recovers_when_postgres_drops_its_connection_mid_claim(
+async def test_postgres_drop_mid_claim(
     database: _Database,
 ) -> None:
-    """Terminated backends (mid-claim and at random) cost retries, never a lost or doubled job."""
+    """The worker recovers when PostgreSQL drops its connection mid-claim: terminated backends
+    (mid-claim and at random) cost retries, never a lost or doubled job."""
     store = database.store
     worker: JobWorker[Any] = JobWorker(
         store, concurrency=4, lease=1.0, idle_interval=0.05, release_margin=0.2

@@ -25,7 +25,7 @@ HOOKED: Final = ("uvicorn-h11", "uvicorn-httptools", "hypercorn-single", "gunico
 
 
 @pytest.mark.timeout(scale(240, 2400))
-async def test_sigterm_under_load_drains_under_plain_servers(fleet: Fleet) -> None:
+async def test_plain_servers_drain(fleet: Fleet) -> None:
     """Each hooked server drains before its own stop: 503s, no admitted request cut."""
     runs = [
         await _stop_under_load(fleet, kind, f"p{n}{index}", seed=200 + n)

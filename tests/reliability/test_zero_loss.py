@@ -76,8 +76,9 @@ async def _hand_over(
 
 
 @pytest.mark.timeout(scale(120, 1800))
-async def test_http_load_through_repeated_handovers_loses_nothing(fleet: Fleet) -> None:
-    """Every request completes exactly once; a refused one was never run and completes next door."""
+async def test_http_through_handovers(fleet: Fleet) -> None:
+    """HTTP load through repeated handovers loses nothing: every request completes exactly once; a
+    refused one was never run and completes next door."""
     started = time.monotonic()
     current = await fleet.start("g0", FZREL_STREAM_GRACE=HTTP_STREAM_GRACE)
     router = Router(Target.open("g0", current.url, CLIENTS + 10))
@@ -205,10 +206,11 @@ async def _wait_for(predicate: Any, seconds: float = 15.0) -> None:
 
 
 @pytest.mark.timeout(scale(90, 1200))
-async def test_websockets_get_1012_at_the_stream_grace_and_reconnect_to_the_next_generation(
+async def test_websockets_reconnect(
     fleet: Fleet,
 ) -> None:
-    """Open WebSockets are closed with 1012 (never cut) once the grace is over; all reconnect."""
+    """Open WebSockets are closed with 1012 (never cut) once the grace is over; all reconnect to the
+    next generation."""
     grace = str(WS_STREAM_GRACE)
     current = await fleet.start("w0", FZREL_STREAM_GRACE=grace)
     router = Router(Target.open("w0", current.url, 1))

@@ -20,7 +20,7 @@ from typing import Final
 import anyio
 import pytest
 
-from tests.server._servers import SERVE_KINDS
+from tests.real_servers._servers import SERVE_KINDS
 
 from ._fleet import Fleet, Generation
 from ._load import HttpLoad, LateSenders, RequestRecord, Router, Target
@@ -93,8 +93,9 @@ def _router(generation: Generation, clients: int) -> Router:
 
 @pytest.mark.timeout(scale(240, 2400))
 @pytest.mark.parametrize("kind", SERVE_KINDS)
-async def test_sigterm_under_load_loses_no_request(fleet: Fleet, kind: str) -> None:
-    """Every request that reaches the port is answered or refused, through the whole stop."""
+async def test_sigterm_loses_nothing(fleet: Fleet, kind: str) -> None:
+    """SIGTERM under load loses no request: every request that reaches the port is answered or
+    refused, through the whole stop."""
     runs = [await _stop_under_load(fleet, kind, f"s{n}", seed=n) for n in range(RUNS)]
     report("stop-under-load-serve", runs=runs, lost_per_run=[r["lost"] for r in runs])
     for run in runs:
@@ -108,7 +109,7 @@ async def test_sigterm_under_load_loses_no_request(fleet: Fleet, kind: str) -> N
 
 
 @pytest.mark.timeout(scale(120, 1200))
-async def test_bare_uvicorn_stop_under_the_same_load_is_measured(fleet: Fleet) -> None:
+async def test_bare_uvicorn_stop(fleet: Fleet) -> None:
     """The anchor: plain uvicorn with no runtime, stopped the same way (measured, not judged)."""
     runs = [
         await _stop_under_load(fleet, kind, f"b{n}{kind[-3:]}", seed=100 + n, FZREL_BARE="1")

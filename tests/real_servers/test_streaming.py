@@ -22,10 +22,9 @@ from .conftest import ServerLog
 pytestmark = [pytest.mark.server, pytest.mark.anyio]
 
 
-async def test_stream_admitted_before_drain_completes_within_the_grace(
-    http: httpx.AsyncClient, control: WireControl
-) -> None:
-    """A stream that ends within the stream grace delivers every chunk and ends cleanly."""
+async def test_stream_within_grace(http: httpx.AsyncClient, control: WireControl) -> None:
+    """A stream admitted before the drain that ends within the stream grace delivers every chunk and
+    ends cleanly."""
     async with http.stream("GET", "/stream", params={"chunks": 4, "interval": 0.03}) as response:
         chunks = response.aiter_lines()
         first = await anext(chunks)
@@ -38,9 +37,7 @@ async def test_stream_admitted_before_drain_completes_within_the_grace(
     assert status["status"] == "drained"
 
 
-async def test_stream_still_running_after_the_grace_is_ended_cleanly(
-    http: httpx.AsyncClient, control: WireControl
-) -> None:
+async def test_stream_past_grace_ended(http: httpx.AsyncClient, control: WireControl) -> None:
     """After the stream grace a long stream is cut short with a proper last chunk, not an error."""
     async with http.stream("GET", "/stream", params={"chunks": 200, "interval": 0.05}) as response:
         chunks = response.aiter_lines()
@@ -58,7 +55,7 @@ async def test_stream_still_running_after_the_grace_is_ended_cleanly(
     assert status["inFlight"]["http"] == 0
 
 
-async def test_length_delimited_stream_after_the_grace_is_cut_without_an_app_error(
+async def test_sized_stream_cut_cleanly(
     http: httpx.AsyncClient, control: WireControl, server_log: ServerLog
 ) -> None:
     """A stream with a declared Content-Length cannot end cleanly early: the connection is cut,
@@ -77,7 +74,7 @@ async def test_length_delimited_stream_after_the_grace_is_cut_without_an_app_err
     assert "Traceback" not in log, log
 
 
-async def test_client_that_never_reads_cannot_keep_a_drain_from_ending(
+async def test_non_reader_cannot_stall(
     server: RunningServer, control: WireControl, server_log: ServerLog
 ) -> None:
     """A client that requests an endless stream and never reads blocks the server's sends; at

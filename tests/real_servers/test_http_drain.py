@@ -16,9 +16,7 @@ pytestmark = [pytest.mark.server, pytest.mark.anyio]
 REFUSAL = {"error": "RUNTIME_DRAINING"}
 
 
-async def test_in_flight_request_completes_while_new_request_is_refused(
-    http: httpx.AsyncClient, control: WireControl
-) -> None:
+async def test_in_flight_completes(http: httpx.AsyncClient, control: WireControl) -> None:
     """An admitted request runs to its end after begin; a new one gets the 503 refusal."""
     slow = asyncio.create_task(http.get("/slow", params={"seconds": 0.8}))
     await control.wait_admitted("http")
@@ -40,9 +38,7 @@ async def test_in_flight_request_completes_while_new_request_is_refused(
     assert drained["inFlight"]["http"] == 0
 
 
-async def test_status_moves_from_draining_to_drained_as_counters_reach_zero(
-    http: httpx.AsyncClient, control: WireControl
-) -> None:
+async def test_status_draining_to_drained(http: httpx.AsyncClient, control: WireControl) -> None:
     """Status reports the admitted request while it runs, then drained with every counter 0."""
     slow = asyncio.create_task(http.get("/slow", params={"seconds": 0.8}))
     await control.wait_admitted("http")
@@ -59,9 +55,7 @@ async def test_status_moves_from_draining_to_drained_as_counters_reach_zero(
     assert "failure" not in after
 
 
-async def test_refused_request_with_a_large_body_still_gets_the_503(
-    http: httpx.AsyncClient, control: WireControl
-) -> None:
+async def test_large_body_gets_503(http: httpx.AsyncClient, control: WireControl) -> None:
     """A refusal must reach the client even when it was uploading a body (2 MiB here)."""
     await control.begin()
     body = b"x" * (2 * 1024 * 1024)
@@ -76,9 +70,7 @@ async def test_refused_request_with_a_large_body_still_gets_the_503(
     assert outcomes == [503] * 12
 
 
-async def test_keep_alive_connection_is_closed_after_response_sent_during_drain(
-    server: RunningServer, control: WireControl
-) -> None:
+async def test_keep_alive_closed(server: RunningServer, control: WireControl) -> None:
     """A response sent while draining carries Connection: close and the server closes the socket."""
     host, port = server.url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
@@ -107,9 +99,7 @@ async def test_keep_alive_connection_is_closed_after_response_sent_during_drain(
         await writer.wait_closed()
 
 
-async def test_rollback_during_drain_restores_readiness_and_admits_again(
-    http: httpx.AsyncClient, control: WireControl
-) -> None:
+async def test_rollback_during_drain(http: httpx.AsyncClient, control: WireControl) -> None:
     """Rollback of a draining generation turns readiness back to 200 and admits new requests."""
     slow = asyncio.create_task(http.get("/slow", params={"seconds": 0.8}))
     await control.wait_admitted("http")
@@ -129,9 +119,7 @@ async def test_rollback_during_drain_restores_readiness_and_admits_again(
     assert (await control.status(nonce))["status"] == "rolled-back"
 
 
-async def test_rollback_after_drained_allows_a_new_drain_with_a_fresh_nonce(
-    http: httpx.AsyncClient, control: WireControl
-) -> None:
+async def test_rollback_after_drained(http: httpx.AsyncClient, control: WireControl) -> None:
     """A drained generation rolls back to serving; its old nonce is retired, a fresh one begins."""
     first = await control.begin()
     await control.wait_for_status(first, "drained")
@@ -143,10 +131,9 @@ async def test_rollback_after_drained_allows_a_new_drain_with_a_fresh_nonce(
     assert (await control.wait_for_status(second, "drained"))["status"] == "drained"
 
 
-async def test_deadline_expiring_fails_the_drain_with_the_request_still_counted(
-    http: httpx.AsyncClient, control: WireControl
-) -> None:
-    """A request slower than timeoutMs fails the drain with RUNTIME_DRAIN_TIMEOUT; it still ends."""
+async def test_deadline_fails_drain(http: httpx.AsyncClient, control: WireControl) -> None:
+    """A request slower than timeoutMs fails the drain with RUNTIME_DRAIN_TIMEOUT, still counted in
+    flight; it still ends."""
     slow = asyncio.create_task(http.get("/slow", params={"seconds": 1.2}))
     await control.wait_admitted("http")
     nonce = await control.begin(timeout_ms=300)

@@ -28,8 +28,8 @@ _KNOWN_QUIRKS = ("ERROR:    ASGI callable returned without completing handshake.
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
-    """The test app (tests/server/app.py) running under one real server."""
-    yield from run_test_app(request.param, "tests.server.app:app", tmp_path_factory)
+    """The test app (tests/real_servers/app.py) running under one real server."""
+    yield from run_test_app(request.param, "tests.real_servers.app:app", tmp_path_factory)
 
 
 def run_test_app(

@@ -75,10 +75,9 @@ BAD_BEGINS = {
 
 
 @pytest.mark.parametrize("case", BAD_BEGINS.values(), ids=BAD_BEGINS.keys())
-async def test_bad_begin_gets_its_4xx_and_changes_nothing(
-    http: httpx.AsyncClient, control: WireControl, case: BadBegin
-) -> None:
-    """A refused begin leaves the generation serving; the same nonce then begins as new."""
+async def test_bad_begin_4xx(http: httpx.AsyncClient, control: WireControl, case: BadBegin) -> None:
+    """A bad begin gets its 4xx and changes nothing: a refused begin leaves the generation serving;
+    the same nonce then begins as new."""
     nonce = new_nonce()
     body = case.body(drain_request(nonce))
     content: bytes | AsyncIterator[bytes] = _chunked(body) if case.chunked else body

@@ -42,7 +42,7 @@ def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
     """This module's app under one real server (the ``http`` and ``control`` fixtures use it)."""
-    yield from run_test_app(request.param, "tests.server.in_flight_app:app", tmp_path_factory)
+    yield from run_test_app(request.param, "tests.real_servers.in_flight_app:app", tmp_path_factory)
 
 
 def _owner_is_expected(server: RunningServer, owner: str) -> bool:
@@ -50,7 +50,7 @@ def _owner_is_expected(server: RunningServer, owner: str) -> bool:
     return owner == UNWRAPPED.get(server.kind, "_HttpResponder")
 
 
-async def test_an_answer_computed_across_the_notice_arrives_whole_and_closes(
+async def test_answer_across_notice(
     server: RunningServer, http: httpx.AsyncClient, control: WireControl
 ) -> None:
     """A request that read its body and works past the stream grace is not told to stop: its
@@ -69,7 +69,7 @@ async def test_an_answer_computed_across_the_notice_arrives_whole_and_closes(
     assert (await control.wait_for_status(nonce, "drained", "failed"))["status"] == "drained"
 
 
-async def test_a_receive_made_after_the_notice_returns_the_disconnect(
+async def test_late_receive_disconnects(
     server: RunningServer, http: httpx.AsyncClient, control: WireControl
 ) -> None:
     """A stream that was not waiting on receive() at the notice still gets http.disconnect from
@@ -93,11 +93,12 @@ async def test_a_receive_made_after_the_notice_returns_the_disconnect(
 
 
 @pytest.mark.parametrize("path", ["/started", "/receive-later"])
-async def test_a_response_started_before_the_drain_is_answered_whole_then_closed_or_told_to_close(
+async def test_started_response_whole(
     server: RunningServer, control: WireControl, path: str
 ) -> None:
-    """It can no longer carry Connection: close. serve closes the connection after it; any other
-    server keeps it (documented), and the next request sent on it is answered and told to close."""
+    """A response started before the drain is answered whole, then closed or told to close: it can
+    no longer carry Connection: close. serve closes the connection after it; any other server keeps
+    it (documented), and the next request sent on it is answered and told to close."""
     host, port = server.url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     try:

@@ -16,20 +16,18 @@ from ._control import PREFIX, WireControl
 pytestmark = [pytest.mark.server, pytest.mark.anyio]
 
 
-async def test_middleware_added_after_install_cannot_shadow_the_probes(
-    http: httpx.AsyncClient, control: WireControl
-) -> None:
-    """/ready and /live are answered by the runtime; the teapot gets every other path."""
+async def test_probes_not_shadowed(http: httpx.AsyncClient, control: WireControl) -> None:
+    """Middleware added after install cannot shadow the probes: /ready and /live are answered by the
+    runtime; the teapot gets every other path."""
     teapot = {"x-teapot": "0"}
     assert (await http.get(PREFIX + "/ready", headers=teapot)).status_code == 200
     assert (await http.get(PREFIX + "/live", headers=teapot)).status_code == 200
     assert (await http.get("/fast", headers=teapot)).status_code == 418
 
 
-async def test_request_inside_a_middleware_added_after_install_is_counted(
-    http: httpx.AsyncClient, control: WireControl
-) -> None:
-    """A request the later middleware holds is in flight for the drain, which waits for it."""
+async def test_late_middleware_counted(http: httpx.AsyncClient, control: WireControl) -> None:
+    """A request inside a middleware added after install is counted: one the later middleware holds
+    is in flight for the drain, which waits for it."""
     held = asyncio.create_task(http.get("/fast", headers={"x-teapot": "0.8"}))
     await control.wait_admitted("http")
     nonce = await control.begin()

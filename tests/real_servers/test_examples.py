@@ -84,7 +84,7 @@ def next_generation(
         stop_server(running)
 
 
-async def test_example_serves_and_drains_to_drained(
+async def test_example_serves_and_drains(
     server: RunningServer, http: httpx.AsyncClient, control: WireControl
 ) -> None:
     """The example answers on every endpoint, then drains: a WebSocket gets 1012 after the grace."""
@@ -105,10 +105,9 @@ async def test_example_serves_and_drains_to_drained(
 
 
 @pytest.mark.parametrize("example", ["fastapi_app"], indirect=True)
-async def test_fastapi_example_runs_a_durable_job_once_with_its_receipt(
-    http: httpx.AsyncClient, control: WireControl
-) -> None:
-    """POST /orders enqueues once per order id; the worker completes it under its fence."""
+async def test_fastapi_job_runs_once(http: httpx.AsyncClient, control: WireControl) -> None:
+    """The FastAPI example runs a durable job once, with its receipt: POST /orders enqueues once per
+    order id; the worker completes it under its fence."""
     order = {"user": "ada", "order": f"order-{secrets.token_hex(4)}"}
     first = (await http.post("/orders", json=order)).json()["job"]
     again = (await http.post("/orders", json=order)).json()["job"]
@@ -127,10 +126,9 @@ async def test_fastapi_example_runs_a_durable_job_once_with_its_receipt(
     assert [s["name"] for s in schedules] == ["report-pending-jobs"]
 
 
-async def test_example_stream_ends_cooperatively_when_a_drain_begins(
-    http: httpx.AsyncClient, control: WireControl
-) -> None:
-    """The example's stream watches runtime.draining and ends with a last message of its own."""
+async def test_example_stream_ends(http: httpx.AsyncClient, control: WireControl) -> None:
+    """The example's stream ends cooperatively when a drain begins: it watches runtime.draining and
+    ends with a last message of its own."""
     params = {"events": 100, "lines": 100, "interval": 0.2}
     async with http.stream("GET", "/stream", params=params) as response:
         lines = response.aiter_lines()
@@ -144,7 +142,7 @@ async def test_example_stream_ends_cooperatively_when_a_drain_begins(
     assert (await control.wait_for_status(nonce, "drained", "failed"))["status"] == "drained"
 
 
-async def test_example_hands_its_visits_to_the_next_generation(
+async def test_example_hands_over_visits(
     server: RunningServer,
     next_generation: RunningServer,
     http: httpx.AsyncClient,

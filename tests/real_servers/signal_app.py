@@ -1,7 +1,7 @@
-"""The app of the signal tests: tests/server/app.py's endpoints, its runtime's signal hook on.
+"""The app of the signal tests: tests/real_servers/app.py's endpoints, its runtime's signal hook on.
 
-Run as the user would (``uvicorn tests.server.signal_app:app``, hypercorn, gunicorn). Beyond the
-environment tests/server/app.py reads::
+Run as the user would (``uvicorn tests.real_servers.signal_app:app``, hypercorn, gunicorn). Beyond the
+environment tests/real_servers/app.py reads::
 
     FORGEZERO_SIGNAL_DRAIN_TIMEOUT   the runtime's signal_drain_timeout, in seconds
 

@@ -14,9 +14,7 @@ from ._servers import RunningServer
 pytestmark = [pytest.mark.server, pytest.mark.anyio]
 
 
-async def test_open_websocket_is_closed_with_1012_after_the_stream_grace(
-    server: RunningServer, control: WireControl
-) -> None:
+async def test_open_websocket_1012(server: RunningServer, control: WireControl) -> None:
     """An open session gets close code 1012, reason "draining", once the stream grace is over."""
     async with connect(server.ws_url + "/ws", open_timeout=5, close_timeout=5) as websocket:
         await websocket.send("hello")
@@ -35,10 +33,9 @@ async def test_open_websocket_is_closed_with_1012_after_the_stream_grace(
     assert status["inFlight"]["websocket"] == 0
 
 
-async def test_new_websocket_handshake_is_refused_with_503_while_draining(
-    server: RunningServer, control: WireControl
-) -> None:
-    """Every server here offers websocket.http.response, so the refusal is an HTTP 503 denial."""
+async def test_new_websocket_503(server: RunningServer, control: WireControl) -> None:
+    """A new WebSocket handshake is refused with 503 while draining: every server here offers
+    websocket.http.response, so the refusal is an HTTP 503 denial."""
     await control.begin()
 
     with pytest.raises(InvalidStatus) as refused:
@@ -51,9 +48,7 @@ async def test_new_websocket_handshake_is_refused_with_503_while_draining(
     assert response.body == b'{"error":"RUNTIME_DRAINING"}'
 
 
-async def test_push_only_websocket_ends_once_the_drain_closed_it(
-    server: RunningServer, control: WireControl
-) -> None:
+async def test_push_only_websocket_ends(server: RunningServer, control: WireControl) -> None:
     """A handler that only sends and never calls receive() learns of the close 1012 from its
     next send (Starlette: WebSocketDisconnect), ends, and the drain reaches drained."""
     async with connect(server.ws_url + "/ws/push", open_timeout=5, close_timeout=5) as websocket:
@@ -71,9 +66,7 @@ async def test_push_only_websocket_ends_once_the_drain_closed_it(
     assert status["inFlight"]["websocket"] == 0
 
 
-async def test_websocket_denial_in_two_body_parts_reaches_the_client_whole(
-    server: RunningServer, control: WireControl
-) -> None:
+async def test_two_part_denial_whole(server: RunningServer, control: WireControl) -> None:
     """An app's denial response sent as two websocket.http.response.body parts is not cut after
     the first; the session is counted out, so a drain reaches drained."""
     with pytest.raises(InvalidStatus) as denied:

@@ -1,8 +1,8 @@
 """A small client of the control protocol for the real-server tests, with bounded polling.
 
 It is deliberately written against the wire (paths, JSON bodies, headers), not against the
-library's own client (``forgezero_lifecycle.ControlClient``, hence a name of its own), so the
-tests check what any orchestrator would see.
+library's own client (``forgezero_lifecycle.client.ControlClient``, hence a name of its own), so
+the tests check what any orchestrator would see.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.server, pytest.mark.anyio]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """The test app under hypercorn, the one server here that speaks HTTP/2."""
-    yield from run_test_app("hypercorn", "tests.server.app:app", tmp_path_factory)
+    yield from run_test_app("hypercorn", "tests.real_servers.app:app", tmp_path_factory)
 
 
 @pytest.fixture
@@ -35,9 +35,7 @@ async def http(server: RunningServer) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-async def test_a_response_started_during_the_drain_arrives_whole_without_a_connection_header(
-    http: httpx.AsyncClient, control: WireControl
-) -> None:
+async def test_h2_response_arrives_whole(http: httpx.AsyncClient, control: WireControl) -> None:
     """Admitted before the drain, answered after it began: status and body intact, no
     ``connection`` header, and the drain ends drained."""
     slow = asyncio.create_task(http.get("/slow", params={"seconds": 0.8}))
@@ -53,10 +51,9 @@ async def test_a_response_started_during_the_drain_arrives_whole_without_a_conne
     assert drained["status"] == "drained"
 
 
-async def test_a_refusal_over_http2_has_no_connection_header(
-    http: httpx.AsyncClient, control: WireControl
-) -> None:
-    """A request that arrives during the drain gets the 503 refusal, well formed for HTTP/2."""
+async def test_h2_refusal_no_connection(http: httpx.AsyncClient, control: WireControl) -> None:
+    """A refusal over HTTP/2 has no connection header: a request that arrives during the drain gets
+    the 503 refusal, well formed for HTTP/2."""
     await control.begin()
     refused = await http.get("/fast")
 

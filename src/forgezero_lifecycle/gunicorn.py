@@ -1,0 +1,102 @@
+"""A gunicorn worker class whose stop loses nothing on gunicorn's shared listener.
+
+::
+
+    pip install 'forgezero-lifecycle[gunicorn]'
+    gunicorn app:app -w 4 -k forgezero_lifecycle.gunicorn.UvicornWorker --graceful-timeout 40
+
+It is uvicorn-worker's ``UvicornWorker`` (same configuration from gunicorn's settings, same
+heartbeat) with the zero-loss stop of :mod:`forgezero_lifecycle.stop`: every connection is made
+with the zero-loss protocol from the first one, and the worker's shutdown never resets what it
+accepted. The kernel socket belongs to gunicorn's arbiter and every worker accepts on it, so a
+worker's stop is a handover:
+
+* HUP (gunicorn starts new workers, then sends TERM to the old ones) and TERM: with the app's
+  runtime (``runtime.install(app)``), the runtime's signal hook stops this worker accepting at
+  once, answers what arrives on its open keep-alive connections for ``HANDOVER_GRACE`` with
+  ``Connection: close`` (the clients reconnect to a sibling), then drains within the runtime's
+  ``signal_drain_timeout``; the shutdown that follows closes nothing that still has a request
+  coming. Without a runtime the shutdown does the same without the drain;
+* QUIT (gunicorn's quick stop) and a second TERM: the shutdown at once, still lingering.
+
+gunicorn waits ``--graceful-timeout`` seconds for a worker after its final TERM before it kills
+it: it must be at least ``HANDOVER_GRACE`` + ``signal_drain_timeout`` + the lingering close
+(``LINGER_TIMEOUT``) + a margin, or the arbiter kills a worker that is still draining. The
+worker logs a warning at startup when it is smaller. After the drain the worker sends no
+heartbeat, so ``--timeout`` must also exceed the stop's last part (a few seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from typing import Final
+
+from gunicorn.arbiter import Arbiter
+from uvicorn_worker import UvicornWorker as _UvicornWorker
+
+from .serve.server import find_runtime
+from .stop.connections import LINGER_TIMEOUT, ConnectionStop, zero_loss_protocol
+from .stop.server import FIRST_BYTE_GRACE, HANDOVER_GRACE, ZeroLossServer
+
+__all__ = ["UvicornH11Worker", "UvicornWorker", "required_graceful_timeout"]
+
+logger = logging.getLogger("forgezero_lifecycle.gunicorn")
+
+#: Seconds added to the stop's parts for gunicorn's --graceful-timeout (process exit, logs).
+GRACEFUL_MARGIN: Final = 5.0
+
+
+def required_graceful_timeout(drain_timeout: float) -> float:
+    """The least ``--graceful-timeout`` under which a worker's stop with a drain deadline of
+    ``drain_timeout`` seconds is never killed by the arbiter."""
+    return HANDOVER_GRACE + drain_timeout + LINGER_TIMEOUT + GRACEFUL_MARGIN
+
+
+class UvicornWorker(_UvicornWorker):
+    """``gunicorn -k forgezero_lifecycle.gunicorn.UvicornWorker``: the module docstring."""
+
+    def run(self) -> None:
+        with asyncio.Runner(loop_factory=self.config.get_loop_factory()) as runner:
+            runner.run(self._serve_without_loss())
+
+    async def _serve_without_loss(self) -> None:
+        config = self.config
+        config.app = self.wsgi
+        config.load()
+        stop = ConnectionStop(FIRST_BYTE_GRACE)
+        config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
+        server = ZeroLossServer(config, stop, shared_listener=True)
+        self._check_graceful_timeout()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGQUIT, server.handle_exit, signal.SIGQUIT, None)
+        await server.serve(sockets=self.sockets)
+        if not server.started:
+            sys.exit(Arbiter.WORKER_BOOT_ERROR)
+
+    def _check_graceful_timeout(self) -> None:
+        runtime = find_runtime(self.wsgi)
+        if runtime is None:
+            logger.info("gunicorn.no_runtime: the stop hands over and lingers, without a drain")
+            return
+        needed = required_graceful_timeout(runtime.signal_drain.timeout)
+        graceful = float(self.cfg.graceful_timeout)
+        if graceful < needed:
+            logger.warning(
+                "gunicorn.graceful_timeout_too_short graceful_timeout=%.0f needed=%.0f: gunicorn "
+                "kills a worker still draining; set --graceful-timeout to at least %.0f (the "
+                "handover grace %.1f s + signal_drain_timeout %.1f s + the lingering close)",
+                graceful,
+                needed,
+                needed,
+                HANDOVER_GRACE,
+                runtime.signal_drain.timeout,
+            )
+
+
+class UvicornH11Worker(UvicornWorker):
+    """The same worker on uvicorn's pure-Python HTTP implementation (h11)."""
+
+    CONFIG_KWARGS = {"loop": "asyncio", "http": "h11"}  # noqa: RUF012 - uvicorn-worker's shape

@@ -1,0 +1,219 @@
+"""uvicorn's HTTP connections with a stop that answers what arrives and closes without resets.
+
+uvicorn's own shutdown closes every connection that has no request in progress at once: a
+connection it accepted but has not read yet, and an idle keep-alive connection whose client is
+sending its next request at that moment, are closed under a client that could have sent its
+request, and a ``close()`` with unread bytes in the kernel's receive buffer sends a reset that can
+destroy a response already written. :class:`ConnectionStop` replaces that with:
+
+* a first-byte grace: once the stop begins, a connection with no request in progress stays open
+  for ``first_byte_grace`` seconds (counted from the stop, or from its accept if later); a request
+  that arrives in it is parsed and answered (a draining runtime refuses it with 503 and
+  ``Connection: close``), then the connection is closed; one that stays silent is closed at the
+  end of the grace;
+* a lingering close for every connection the server closes, stop or not: the transport sends
+  its FIN after flushing what was written (``shutdown(SHUT_WR)``), then reads and discards until
+  the client's FIN or ``LINGER_TIMEOUT``, and only then closes, so the client reads the whole
+  answer and never meets a reset caused by bytes the server did not read.
+
+* once the stop has begun, a request that arrives on an open connection is answered with
+  ``Connection: close`` (its cycle's ``keep_alive`` is cleared as it is parsed), so a keep-alive
+  client learns from the answer itself that it must reconnect.
+
+A stop may begin as a handover (:meth:`ConnectionStop.begin` with ``websockets=False``): the
+server has stopped accepting while sibling processes still accept on the same listener, so every
+HTTP connection moves over to them this way; WebSocket sessions are left to the drain's notice.
+
+The protocol classes are uvicorn's own (``H11Protocol``, ``HttpToolsProtocol``) with three methods
+extended; what they rely on of uvicorn is listed in :mod:`forgezero_lifecycle.stop._uvicorn`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any, Final, final
+
+__all__ = ["LINGER_TIMEOUT", "ConnectionStop", "zero_loss_protocol"]
+
+logger = logging.getLogger("forgezero_lifecycle.serve")
+
+#: How long a closed connection waits for the client's FIN before it is aborted.
+LINGER_TIMEOUT: Final = 2.0
+
+
+@final
+class ConnectionStop:
+    """The stop's state shared by every connection of one server."""
+
+    def __init__(self, first_byte_grace: float) -> None:
+        self.first_byte_grace = first_byte_grace
+        self.stopping = False
+        self._lingering: set[asyncio.Future[None]] = set()
+
+    def begin(self, connections: set[Any], *, websockets: bool = True) -> None:
+        """From now on, idle connections close after the first-byte grace, busy ones after
+        their response; ``websockets=False`` (a handover) leaves WebSocket sessions open."""
+        self.stopping = True
+        for connection in list(connections):
+            if hasattr(connection, "cycle"):
+                self.arm(connection)
+            elif websockets:  # a WebSocket session: uvicorn's own shutdown sends close 1012
+                connection.shutdown()
+
+    def arm(self, protocol: Any) -> None:
+        cycle = protocol.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.keep_alive = False  # close once this response is complete
+        else:
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.first_byte_grace, self.close_if_idle, protocol)
+
+    def close_if_idle(self, protocol: Any) -> None:
+        cycle = protocol.cycle
+        if cycle is None or cycle.response_complete:
+            protocol.transport.close()
+
+    def linger(self, transport: asyncio.Transport, owner: asyncio.BaseProtocol) -> None:
+        """Close ``transport`` the lingering way; ``owner`` is told the connection is lost."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._lingering.add(done)
+        done.add_done_callback(self._lingering.discard)
+        transport.set_protocol(_Lingering(transport, done))
+        if transport.can_write_eof():
+            transport.write_eof()  # after the write buffer is flushed
+        else:
+            transport.close()
+        loop.call_soon(owner.connection_lost, None)
+
+    async def wait_lingering(self) -> None:
+        """Wait until every lingering close has finished (each is bounded by its timeout)."""
+        if self._lingering:
+            await asyncio.wait(set(self._lingering))
+
+
+@final
+class _Lingering(asyncio.Protocol):
+    """What is left of a closed connection: discard the client's bytes until its FIN."""
+
+    def __init__(self, transport: asyncio.Transport, done: asyncio.Future[None]) -> None:
+        self._transport = transport
+        self._done = done
+        self._timer = asyncio.get_running_loop().call_later(LINGER_TIMEOUT, self._give_up)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes itself: both FINs have been sent
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._timer.cancel()
+        if not self._done.done():
+            self._done.set_result(None)
+
+    def _give_up(self) -> None:
+        # The client neither closed nor read: its write buffer may never flush, so abort.
+        self._transport.abort()
+
+
+@final
+class _LingeringTransport(asyncio.Transport):
+    """The transport uvicorn's protocol sees: the real one, except that ``close()`` lingers."""
+
+    def __init__(self, transport: asyncio.Transport, stop: ConnectionStop) -> None:
+        super().__init__()
+        self._transport = transport
+        self._stop = stop
+        self._closed = False
+        # The calls made per request, bound once so they cost what the real ones cost.
+        self.write = transport.write  # type: ignore[method-assign]
+        self.get_extra_info = transport.get_extra_info  # type: ignore[method-assign]
+        self.pause_reading = transport.pause_reading  # type: ignore[method-assign]
+        self.resume_reading = transport.resume_reading  # type: ignore[method-assign]
+
+    def is_closing(self) -> bool:
+        return self._closed or self._transport.is_closing()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        transport = self._transport
+        if transport.is_closing():
+            transport.close()
+            return
+        self._stop.linger(transport, transport.get_protocol())
+
+    def abort(self) -> None:
+        self._closed = True
+        self._transport.abort()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._transport.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._transport.get_protocol()
+
+    def is_reading(self) -> bool:
+        return self._transport.is_reading()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._transport.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size()
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._transport.get_write_buffer_limits()
+
+    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
+        self._transport.writelines(list_of_data)
+
+    def write_eof(self) -> None:
+        self._transport.write_eof()
+
+    def can_write_eof(self) -> bool:
+        return self._transport.can_write_eof()
+
+
+def zero_loss_protocol(
+    base: type[asyncio.Protocol], stop: ConnectionStop
+) -> type[asyncio.Protocol]:
+    """``base`` (uvicorn's ``H11Protocol`` or ``HttpToolsProtocol``) with the stop's behaviour."""
+    existing = getattr(base, "zero_loss_stop", None)
+    if existing is not None:
+        raise TypeError(f"{base.__qualname__} already has a zero-loss stop")
+    base_connection_made: Any = base.connection_made
+    base_data_received: Any = base.data_received
+    base_response_complete: Any = getattr(base, "on_response_complete", None)
+    if base_response_complete is None:
+        raise TypeError(f"{base.__qualname__} has no on_response_complete: not a uvicorn protocol")
+
+    def connection_made(self: Any, transport: asyncio.Transport) -> None:
+        base_connection_made(self, _LingeringTransport(transport, stop))
+        if stop.stopping:  # accepted while the stop takes what was queued
+            stop.arm(self)
+
+    def data_received(self: Any, data: bytes) -> None:
+        base_data_received(self, data)
+        if stop.stopping:  # a request parsed now is answered with Connection: close
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                cycle.keep_alive = False
+
+    def on_response_complete(self: Any) -> None:
+        base_response_complete(self)
+        if stop.stopping:
+            stop.close_if_idle(self)
+
+    namespace = {
+        "connection_made": connection_made,
+        "data_received": data_received,
+        "on_response_complete": on_response_complete,
+        "zero_loss_stop": stop,
+    }
+    cls: type[asyncio.Protocol] = type(f"ZeroLoss{base.__name__}", (base,), namespace)
+    return cls

@@ -1,0 +1,232 @@
+"""The zero-loss stop of a uvicorn server: ``serve``'s, the gunicorn worker class's, and the one
+the runtime's signal hook gives a uvicorn the user runs.
+
+Once the drain has settled (:func:`zero_loss_shutdown`):
+
+1. an own listener refuses new handshakes (:func:`.sockets.refuse_new_connections`) and is
+   accepted from until its accept queue is empty, then closed; a shared listener (other
+   processes accept on it: ``uvicorn --workers``, gunicorn, ``serve --workers``) is only no
+   longer accepted from, and keeps its queue for them;
+2. every connection gets the first-byte grace or closes after its response
+   (:class:`.connections.ConnectionStop`), each closed the lingering way;
+3. then uvicorn's own wait for connections and tasks, and the lifespan shutdown.
+
+A stop on a shared listener can begin as a handover (:meth:`ServerStop.hand_over`): this
+process stops accepting at once and every HTTP connection is armed, so keep-alive clients are
+answered with ``Connection: close`` and reconnect to a sibling while the drain has not closed
+intake yet; nothing is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any, Final, final
+
+import uvicorn
+
+from . import _uvicorn
+from .connections import ConnectionStop, zero_loss_protocol
+from .sockets import ListeningSocket, accept_queue_length, refuse_new_connections
+
+__all__ = [
+    "FIRST_BYTE_GRACE",
+    "HANDOVER_GRACE",
+    "ServerStop",
+    "ZeroLossServer",
+    "cut_connections",
+    "zero_loss_shutdown",
+]
+
+logger = logging.getLogger("forgezero_lifecycle.stop")
+_UVICORN_LOG: Final = logging.getLogger("uvicorn.error")
+
+#: Pause between readings of a closing listener's accept queue.
+HANDSHAKE_SETTLE: Final = 0.1
+#: The longest the stop keeps accepting what is queued before it closes the listener anyway.
+ACCEPT_QUEUE_TIMEOUT: Final = 2.0
+#: How long an idle connection stays open for a request once the stop began (``serve``'s
+#: ``--first-byte-grace`` default).
+FIRST_BYTE_GRACE: Final = 1.0
+#: How long a handing-over worker keeps answering on its open connections before its drain
+#: closes intake: longer than the first-byte grace, so every idle connection has closed by then.
+HANDOVER_GRACE: Final = FIRST_BYTE_GRACE + 0.5
+
+
+async def zero_loss_shutdown(
+    server: uvicorn.Server,
+    stop: ConnectionStop,
+    *,
+    own_listener: bool,
+    sockets: Sequence[socket.socket] | None = None,
+) -> None:
+    """uvicorn's ``Server.shutdown`` with nothing lost at the socket (the module docstring)."""
+    listeners = [sock for listening in server.servers for sock in listening.sockets]
+    if own_listener:
+        await _take_what_is_queued(listeners)
+    for listening in server.servers:
+        listening.close()
+    for sock in sockets or ():
+        sock.close()
+    if server.force_exit:  # forced before the listeners closed: cut what they accepted since
+        cut_connections(server)
+    logger.info(
+        "stop.stopping connections=%d first_byte_grace=%.2f own_listener=%s",
+        len(server.server_state.connections),
+        stop.first_byte_grace,
+        own_listener,
+    )
+    stop.begin(server.server_state.connections)
+    try:
+        await asyncio.wait_for(
+            server._wait_tasks_to_complete(), timeout=server.config.timeout_graceful_shutdown
+        )
+    except TimeoutError:
+        logger.error("stop.cancelled tasks=%d", len(server.server_state.tasks))
+        for task in server.server_state.tasks:
+            task.cancel(msg="the graceful shutdown's timeout is over")
+    await stop.wait_lingering()
+    if not server.force_exit:
+        await server.lifespan.shutdown()
+
+
+def cut_connections(server: uvicorn.Server) -> None:
+    """Abort every open connection of ``server`` (a forced stop)."""
+    for connection in list(server.server_state.connections):
+        connection.transport.abort()
+
+
+async def _take_what_is_queued(listeners: Sequence[ListeningSocket]) -> None:
+    """Refuse new handshakes, then let the loop accept until every accept queue is empty."""
+    if not all([refuse_new_connections(sock) for sock in listeners]):
+        logger.warning(
+            "stop.no_syn_filter: this platform cannot refuse new handshakes on a listener; "
+            "connections still queued when it closes are reset"
+        )
+        return
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + ACCEPT_QUEUE_TIMEOUT
+    # The kernel offers no notification of an empty accept queue, so it is read after each
+    # settle: a handshake under way when the filter was attached completes within one round trip.
+    while True:
+        await asyncio.sleep(HANDSHAKE_SETTLE)
+        queued = sum(accept_queue_length(sock) or 0 for sock in listeners)
+        if queued == 0:
+            return
+        if loop.time() > give_up_at:
+            logger.warning("stop.accept_queue_not_empty queued=%d", queued)
+            return
+
+
+class ZeroLossServer(uvicorn.Server):
+    """uvicorn whose shutdown is :func:`zero_loss_shutdown` (its config's HTTP protocol must be
+    :func:`.connections.zero_loss_protocol` of ``stop``)."""
+
+    def __init__(self, config: uvicorn.Config, stop: ConnectionStop, *, shared_listener: bool):
+        super().__init__(config)
+        self.zero_loss_stop = stop
+        self.shared_listener = shared_listener
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await zero_loss_shutdown(
+            self, self.zero_loss_stop, own_listener=not self.shared_listener, sockets=sockets
+        )
+
+
+@final
+class ServerStop:
+    """The zero-loss stop of one running uvicorn server, as the runtime's signal hook holds it.
+
+    :meth:`attach` gives a server the user started (``uvicorn app:app``, uvicorn ``--workers``,
+    gunicorn's uvicorn worker) the stop: every later connection is made with the zero-loss
+    protocol and the server's ``shutdown`` becomes :func:`zero_loss_shutdown`. A server that
+    already has it (``serve``, :class:`forgezero_lifecycle.gunicorn.UvicornWorker`) is only held.
+    """
+
+    __slots__ = ("_server", "shared_listener", "stop")
+
+    def __init__(self, server: uvicorn.Server, stop: ConnectionStop) -> None:
+        self._server = server
+        self.stop = stop
+        #: Whether other processes accept on the listener too; the hook sets it at the signal.
+        self.shared_listener = True
+
+    @classmethod
+    def attach(cls, server: object) -> ServerStop | None:
+        """The stop of ``server`` (a running ``uvicorn.Server``), or None, logged, where this
+        uvicorn lacks what it relies on (:mod:`._uvicorn`)."""
+        if not isinstance(server, uvicorn.Server):
+            return None
+        if isinstance(server, ZeroLossServer):
+            return cls(server, server.zero_loss_stop)
+        lacking = _uvicorn.missing(server)
+        if lacking:
+            logger.warning(
+                "stop.unavailable uvicorn=%s missing=%s: uvicorn's own stop runs, which resets "
+                "connections still queued or idle at the stop",
+                _uvicorn.version(),
+                ",".join(lacking),
+            )
+            return None
+        config = server.config
+        if not config.loaded:
+            config.load()
+        protocol: Any = config.http_protocol_class
+        existing = getattr(protocol, "zero_loss_stop", None)
+        if isinstance(existing, ConnectionStop):
+            stop = existing
+        else:
+            stop = ConnectionStop(FIRST_BYTE_GRACE)
+            config.http_protocol_class = zero_loss_protocol(protocol, stop)
+        held = cls(server, stop)
+
+        async def shutdown(sockets: list[socket.socket] | None = None) -> None:
+            _UVICORN_LOG.info("Shutting down")  # uvicorn's own line, which its users look for
+            await zero_loss_shutdown(
+                server, stop, own_listener=not held.shared_listener, sockets=sockets
+            )
+
+        server.shutdown = shutdown  # type: ignore[method-assign]
+        logger.info("stop.attached uvicorn=%s http=%s", _uvicorn.version(), protocol.__name__)
+        return held
+
+    @property
+    def bound_itself(self) -> bool:
+        """Whether uvicorn bound its listener itself (not ``--fd``, ``--uds`` or inherited)."""
+        config = self._server.config
+        return config.fd is None and config.uds is None
+
+    def listener_inodes(self) -> set[int]:
+        """The inodes of the kernel sockets this server accepts on."""
+        inodes: set[int] = set()
+        for listening in self._server.servers:
+            for sock in listening.sockets:
+                with contextlib.suppress(OSError):
+                    inodes.add(os.fstat(sock.fileno()).st_ino)
+        return inodes
+
+    def hand_over(self) -> int:
+        """Stop accepting now and arm every HTTP connection; returns how many were open.
+
+        Only this process's descriptors of the listening socket are closed: the kernel socket
+        and its accept queue stay with the processes that still accept on it.
+        """
+        for listening in self._server.servers:
+            listening.close()
+        connections = self._server.server_state.connections
+        self.stop.begin(connections, websockets=False)
+        count = len(connections)
+        logger.info("stop.handover connections=%d", count)
+        return count
+
+    def close_after_responses(self) -> None:
+        """Close every connection whose response is under way once that response ends (for
+        responses that started before a drain and so cannot carry ``Connection: close``)."""
+        for connection in list(self._server.server_state.connections):
+            cycle = getattr(connection, "cycle", None)
+            if cycle is not None and not cycle.response_complete:
+                cycle.keep_alive = False
