@@ -21,7 +21,7 @@ from typing import Any, Final
 import httpx
 import pytest
 
-from tests.server._servers import free_port
+from tests.real_servers._servers import free_port
 
 PROJECT_ROOT: Final = Path(__file__).resolve().parents[2]
 CONTROL_TOKEN: Final = "cli-tests-control-token-0123456789abcdef"

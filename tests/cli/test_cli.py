@@ -22,7 +22,7 @@ def tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FORGEZERO_HANDOFF_TOKEN", HANDOFF_TOKEN)
 
 
-def test_drain_waits_until_drained_and_prints_json(
+def test_drain_waits_prints_json(
     start_serve: StartServe, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`drain --json` waits for the in-flight request, exits 0 and prints the final status."""
@@ -43,7 +43,7 @@ def test_drain_waits_until_drained_and_prints_json(
     assert json.loads(followed.out)["status"] == "drained"
 
 
-def test_no_wait_then_status_then_rollback(
+def test_no_wait_status_rollback(
     start_serve: StartServe, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`--no-wait` returns at once; `status` says draining (4); `rollback` serves again (0)."""
@@ -71,9 +71,7 @@ def test_no_wait_then_status_then_rollback(
     served.join()
 
 
-def test_failed_drain_exits_1_with_the_failure_code(
-    start_serve: StartServe, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_failed_drain_exits_1(start_serve: StartServe, capsys: pytest.CaptureFixture[str]) -> None:
     """A drain that misses its deadline ends failed: exit 1, the original's code printed."""
     served = start_serve()
     served.in_background("/slow?seconds=2")
@@ -108,7 +106,7 @@ def test_gave_up_waiting_exits_4(
     assert run(capsys, "status", "--url", served.url, "--nonce=" + nonce).code == 0
 
 
-def test_server_refusals_exit_1_with_their_code(
+def test_server_refusals_exit_1(
     start_serve: StartServe, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Unknown nonce, a second drain, a revision mismatch: one line with the code, exit 1."""
@@ -126,7 +124,7 @@ def test_server_refusals_exit_1_with_their_code(
     assert "RUNTIME_DRAIN_ALREADY_STARTED" in second.err
 
 
-def test_unauthorized_and_unreachable_exit_3(
+def test_401_and_unreachable_exit_3(
     start_serve: StartServe, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A wrong token and a closed port both exit 3 with one line; the token is never shown."""
@@ -191,10 +189,9 @@ def test_token_file_is_read(
     assert result.code == 0, result
 
 
-def test_handoff_moves_state_to_the_new_generation(
-    start_serve: StartServe, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Drain A, then `handoff --to B --from-export-url A`: acknowledged, digest shown, exit 0."""
+def test_handoff_moves_state(start_serve: StartServe, capsys: pytest.CaptureFixture[str]) -> None:
+    """handoff moves the state to the new generation: drain A, then
+    `handoff --to B --from-export-url A`: acknowledged, digest shown, exit 0."""
     old = start_serve()
     new = start_serve(revision=REVISION_B)
     for _ in range(3):

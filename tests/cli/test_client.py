@@ -64,8 +64,9 @@ def test_nonces_are_fresh_and_valid() -> None:
 
 
 @pytest.mark.anyio
-async def test_begin_drain_sends_the_wire_request_with_the_token() -> None:
-    """camelCase JSON body, `Authorization: Bearer`, `Content-Type: application/json`."""
+async def test_begin_drain_request() -> None:
+    """begin_drain sends the wire request with the token: camelCase JSON body,
+    `Authorization: Bearer`, `Content-Type: application/json`."""
     seen: list[httpx.Request] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -99,9 +100,7 @@ async def test_begin_drain_sends_the_wire_request_with_the_token() -> None:
         (400, "RUNTIME_SOMETHING_NEWER", RemoteError),
     ],
 )
-async def test_error_bodies_become_typed_errors(
-    status: int, code: str, error_type: type[Exception]
-) -> None:
+async def test_error_bodies_typed(status: int, code: str, error_type: type[Exception]) -> None:
     """`{"error": CODE}` raises the library's error for CODE, once (never retried)."""
     calls = []
 
@@ -118,7 +117,7 @@ async def test_error_bodies_become_typed_errors(
 
 
 @pytest.mark.anyio
-async def test_connection_failures_are_retried_then_unreachable(
+async def test_connection_failure_retried(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Transport errors are retried `retries` times, then ControlUnreachableError; no token logged."""
@@ -139,8 +138,9 @@ async def test_connection_failures_are_retried_then_unreachable(
 
 
 @pytest.mark.anyio
-async def test_gateway_errors_are_retried_and_then_reported() -> None:
-    """A 502 without a control-plane body (a proxy) is retried; the next answer wins."""
+async def test_gateway_errors_retried() -> None:
+    """Gateway errors are retried and then reported: a 502 without a control-plane body (a proxy) is
+    retried; the next answer wins."""
     answers = [httpx.Response(502, text="bad gateway"), _json(200, _status("drained"))]
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -160,7 +160,7 @@ async def test_gateway_errors_are_retried_and_then_reported() -> None:
 
 
 @pytest.mark.anyio
-async def test_unexpected_success_body_is_an_error() -> None:
+async def test_unexpected_200_body() -> None:
     """A 200 that is not a status (a wrong URL, say) is RUNTIME_RESPONSE_INVALID."""
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -173,8 +173,9 @@ async def test_unexpected_success_body_is_an_error() -> None:
 
 
 @pytest.mark.anyio
-async def test_wait_drained_reports_progress_until_final() -> None:
-    """`on_progress` sees each polled status; the final one is returned."""
+async def test_wait_drained_progress() -> None:
+    """wait_drained reports progress until final: `on_progress` sees each polled status; the final
+    one is returned."""
     nonce = new_nonce()
     states = ["draining", "draining", "drained"]
 
@@ -192,7 +193,7 @@ async def test_wait_drained_reports_progress_until_final() -> None:
 
 
 @pytest.mark.anyio
-async def test_reload_answers_its_handover_and_wait_handover_polls_that_one() -> None:
+async def test_reload_and_wait_handover() -> None:
     """``reload`` gives the handover's number; ``wait_handover`` asks for it by number, with the
     control token, until it is no longer running."""
     states = ["running", "running", "done"]
@@ -228,7 +229,7 @@ async def test_reload_answers_its_handover_and_wait_handover_polls_that_one() ->
 
 
 @pytest.mark.anyio
-async def test_current_drain_asks_without_a_nonce_and_maps_404() -> None:
+async def test_current_drain_no_nonce() -> None:
     """current_drain() GETs drain/v1/current with the control token; 404 is DrainNotFoundError."""
     nonce = new_nonce()
     seen: list[httpx.Request] = []
@@ -249,7 +250,7 @@ async def test_current_drain_asks_without_a_nonce_and_maps_404() -> None:
 
 
 @pytest.mark.anyio
-async def test_ready_and_export_use_the_right_credentials() -> None:
+async def test_probe_export_credentials() -> None:
     """Probes carry no token; export carries the handoff token, not the control token."""
     seen: list[httpx.Request] = []
 
@@ -283,7 +284,7 @@ async def test_ready_and_export_use_the_right_credentials() -> None:
 
 
 @pytest.mark.anyio
-async def test_begin_handoff_sends_timeout_beside_the_request() -> None:
+async def test_begin_handoff_timeout() -> None:
     """The begin body is the handoff request plus `timeoutMs`; repr never shows the token."""
     seen: list[httpx.Request] = []
 
@@ -309,15 +310,16 @@ async def test_begin_handoff_sends_timeout_beside_the_request() -> None:
     assert body["schemaVersion"] == 1
 
 
-def test_urls_with_credentials_are_refused() -> None:
-    """Tokens never travel in the URL, where logs and errors would show them."""
+def test_url_credentials_refused() -> None:
+    """URLs with credentials are refused: tokens never travel in the URL, where logs and errors
+    would show them."""
     with pytest.raises(ConfigurationError):
         ControlClient("http://user:secret@127.0.0.1:1")
     with pytest.raises(ConfigurationError):
         ControlClient("127.0.0.1:1")
 
 
-def test_sync_facade_runs_the_same_calls() -> None:
+def test_sync_facade_same_calls() -> None:
     """The blocking facade for scripts returns the same wire models."""
     nonce = new_nonce()
 
@@ -342,7 +344,7 @@ def _calls(cls: type) -> set[str]:
     return {name for name, _ in inspect.getmembers(cls, inspect.isfunction) if name[0] != "_"}
 
 
-def test_sync_facade_offers_every_call_with_the_same_signature() -> None:
+def test_sync_facade_signatures() -> None:
     """SyncControlClient takes ControlClient's options and has each of its calls, alike but for
     the waits' ``timeout``, so the two cannot drift apart."""
     assert _calls(SyncControlClient) - {"close"} == _calls(ControlClient) - {"aclose"}

@@ -47,8 +47,9 @@ def test_short_demo_loses_nothing() -> None:
 
 
 @pytest.mark.postgres
-def test_short_demo_on_postgresql_loses_nothing() -> None:
-    """`--postgres DSN`: the same handover with the job store in PostgreSQL."""
+def test_postgres_demo_loses_nothing() -> None:
+    """The short demo on PostgreSQL loses nothing: `--postgres DSN` runs the same handover with the
+    job store in PostgreSQL."""
     dsn = postgres_dsn()  # required in CI, a visible skip elsewhere
     result = subprocess.run(
         [sys.executable, "-m", "forgezero_lifecycle", "demo", "--short", "--postgres", dsn],

@@ -23,8 +23,8 @@ def assert_hidden(text: str) -> None:
     assert not leaked, leaked
 
 
-def test_handoff_request_refuses_the_token_without_echoing_it() -> None:
-    """handoff_request() names the rule, not the token."""
+def test_token_not_echoed() -> None:
+    """handoff_request() refuses the token without echoing it: it names the rule, not the token."""
     with pytest.raises(ConfigurationError, match="43 base64url") as caught:
         handoff_request(
             protocol="tests.note",
@@ -54,8 +54,9 @@ def test_handoff_request_refuses_the_token_without_echoing_it() -> None:
         ),
     ],
 )
-def test_wire_models_never_show_a_refused_authorization(build: Callable[[], object]) -> None:
-    """str() and repr() of the validation error carry no input_value."""
+def test_models_hide_authorization(build: Callable[[], object]) -> None:
+    """Wire models never show a refused authorization: str() and repr() of the validation error
+    carry no input_value."""
     with pytest.raises(ValidationError) as caught:
         build()
     assert_hidden(str(caught.value))

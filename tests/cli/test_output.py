@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from forgezero_lifecycle.cli.commands import export_url
-from forgezero_lifecycle.cli.output import Progress, summary
+from forgezero_lifecycle.cli.output import EXIT_FAILED, Progress, report, summary
 from forgezero_lifecycle.serve import parse_duration
 from forgezero_lifecycle.wire.drain import DrainStatus
 
@@ -32,7 +32,7 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_a_terminal_gets_one_live_line() -> None:
+def test_terminal_one_live_line() -> None:
     """On a TTY every update rewrites the same line; close() ends it."""
     terminal = _Terminal()
     progress = Progress(terminal, deadline=30)
@@ -47,7 +47,7 @@ def test_a_terminal_gets_one_live_line() -> None:
     assert "/ 30s" in text
 
 
-def test_a_pipe_gets_a_line_per_change() -> None:
+def test_pipe_line_per_change() -> None:
     """Without a TTY, repeated identical statuses print once."""
     pipe = io.StringIO()
     progress = Progress(pipe, deadline=30)
@@ -62,13 +62,42 @@ def test_a_pipe_gets_a_line_per_change() -> None:
     assert "\r" not in pipe.getvalue()
 
 
-def test_summary_names_the_failure_code() -> None:
+def test_summary_names_failure() -> None:
+    """The summary line names the failure code."""
     line = summary({**STATUS, "status": "failed", "failure": "RUNTIME_DRAIN_TIMEOUT"})
     assert line.startswith("failed  failure=RUNTIME_DRAIN_TIMEOUT  http=2")
     assert line.endswith("nonce=" + "n" * 43)
 
 
-def test_export_url_completes_a_base_url() -> None:
+def test_shared_listener_advice(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A drain that reached one worker of several says so, and what to run, in the normal
+    output (not only under --json)."""
+    advice = "a drain reaches only this worker; run `forgezero-lifecycle serve APP --workers N`"
+    status = {
+        **STATUS,
+        "status": "failed",
+        "failure": "RUNTIME_DRAIN_FAILED",
+        "detail": {"sharedListener": {"siblingPids": [41, 42], "advice": advice}},
+    }
+    args = argparse.Namespace(command="drain", json=False, no_wait=False)
+    assert report(args, status) == EXIT_FAILED
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("failed  failure=RUNTIME_DRAIN_FAILED")
+    assert (
+        lines[1] == f"sharedListener: sibling workers 41, 42 share this worker's socket; {advice}"
+    )
+
+
+def test_no_advice_without_siblings(capsys: pytest.CaptureFixture[str]) -> None:
+    """A status without ``detail.sharedListener`` prints its one line only."""
+    args = argparse.Namespace(command="status", json=False, no_wait=False)
+    report(args, {**STATUS, "status": "drained"})
+    assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+def test_export_url_completed() -> None:
     """A base URL gets the export path and both revisions; a full URL is kept."""
     assert export_url("http://127.0.0.1:8000", REVISION_A, REVISION_B) == (
         "http://127.0.0.1:8000/.forgezero/runtime/state/v1/export"
@@ -85,12 +114,13 @@ def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-def test_bad_duration_is_a_usage_error() -> None:
+def test_bad_duration_refused() -> None:
+    """A bad duration is a usage error."""
     with pytest.raises(argparse.ArgumentTypeError):
         parse_duration("soon")
 
 
-def test_help_documents_the_exit_codes() -> None:
+def test_help_lists_exit_codes() -> None:
     """`python -m forgezero_lifecycle --help` lists every exit code."""
     result = subprocess.run(
         [sys.executable, "-m", "forgezero_lifecycle", "drain", "--help"],

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.server
 REFUSAL = {"error": "RUNTIME_DRAINING"}
 
 
-def test_sigterm_finishes_in_flight_refuses_new_and_exits_0(start_serve: StartServe) -> None:
+def test_sigterm_drains_exits_0(start_serve: StartServe) -> None:
     """The slow request admitted before SIGTERM completes; new ones get 503; exit code 0."""
     served = start_serve("tests.cli.apps:app", "--drain-timeout", "10s")
     slow = served.in_background("/slow?seconds=1.5")
@@ -61,7 +61,7 @@ def test_second_signal_stops_at_once(start_serve: StartServe) -> None:
     assert "serve.forced" in served.log()
 
 
-def test_sigterm_after_a_prestop_drain_exits_0(
+def test_sigterm_after_prestop(
     start_serve: StartServe, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The preStop variant: the CLI drained already, so SIGTERM follows that drain and exits."""
@@ -74,7 +74,7 @@ def test_sigterm_after_a_prestop_drain_exits_0(
     assert "a drain was already begun" in served.log()
 
 
-def test_plain_app_gets_a_runtime_from_serve(
+def test_plain_app_gets_runtime(
     start_serve: StartServe, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An app without a runtime is wrapped: probes, not-ready grace and self-drain all work."""
@@ -92,7 +92,7 @@ def test_plain_app_gets_a_runtime_from_serve(
     assert slow[0].status_code == 200
 
 
-def test_serve_reports_an_app_it_cannot_import() -> None:
+def test_unimportable_app_reported() -> None:
     """A wrong APP is one line on stderr and exit code 2, not a traceback."""
     result = subprocess.run(
         [sys.executable, "-m", "forgezero_lifecycle", "serve", "no_such_module:app"],
@@ -120,15 +120,16 @@ def _serve_once(*argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_an_app_whose_import_raises_shows_the_real_error() -> None:
-    """The exception type and the app's own traceback, not just the exception's text."""
+def test_import_error_shown() -> None:
+    """An app whose import raises shows the real error: the exception type and the app's own
+    traceback, not just the exception's text."""
     result = _serve_once("tests.cli.broken_app:app")
     assert result.returncode == 2
     assert "raised KeyError: 'FORGEZERO_TESTS_SETTING_NOBODY_SETS'" in result.stderr
     assert "tests/cli/broken_app.py" in result.stderr  # where it failed
 
 
-def test_a_flag_the_apps_own_runtime_would_ignore_is_refused() -> None:
+def test_ignored_flag_refused() -> None:
     """--not-ready-grace differs from the runtime the app built itself: an error, not ignored."""
     result = _serve_once("tests.cli.apps:fixed", "--not-ready-grace", "2s", "--stream-grace", "5s")
     assert result.returncode == 2
@@ -136,8 +137,9 @@ def test_a_flag_the_apps_own_runtime_would_ignore_is_refused() -> None:
     assert "--stream-grace" not in result.stderr  # it agrees with the runtime's 5 s
 
 
-def test_the_log_says_which_runtime_is_served(start_serve: StartServe) -> None:
-    """The app's own runtime and one serve built are told apart (it used to say 'own' for both)."""
+def test_log_names_runtime(start_serve: StartServe) -> None:
+    """The log says which runtime is served: the app's own runtime and one serve built are told
+    apart (it used to say 'own' for both)."""
     own = start_serve("tests.cli.apps:app", "--not-ready-grace", "1s")  # read by the app
     built = start_serve("tests.cli.apps:plain")
     own.wait_for(lambda: "serve.runtime" in own.log(), "logged")
@@ -146,7 +148,7 @@ def test_the_log_says_which_runtime_is_served(start_serve: StartServe) -> None:
     assert "serve.runtime source=serve" in built.log()
 
 
-def test_following_a_drain_honours_the_drain_timeout(
+def test_follow_honours_timeout(
     start_serve: StartServe, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A preStop drain with a long deadline: SIGTERM waits at most --drain-timeout, then exits 1."""
@@ -162,10 +164,11 @@ def test_following_a_drain_honours_the_drain_timeout(
     assert "serve.follow_timeout" in served.log()
 
 
-def test_serve_reads_a_token_file_by_the_same_rules_as_the_other_commands(
+def test_serve_token_file_rules(
     tmp_path: Path,
 ) -> None:
-    """A token file of two lines is named as such, never echoed, and nothing starts."""
+    """serve reads a token file by the same rules as the other commands: a token file of two lines
+    is named as such, never echoed, and nothing starts."""
     token_file = tmp_path / "token"
     token_file.write_text(CONTROL_TOKEN + "\nsecond-line\n")
     token_file.chmod(0o600)
@@ -175,7 +178,7 @@ def test_serve_reads_a_token_file_by_the_same_rules_as_the_other_commands(
     assert CONTROL_TOKEN not in result.stderr
 
 
-def test_serve_reads_the_revision_from_the_environment_when_no_flag_gives_it(
+def test_serve_revision_from_env(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """FORGEZERO_REVISION (e.g. the downward API) is the revision; --revision wins; bad is usage."""
@@ -193,3 +196,22 @@ def test_serve_reads_the_revision_from_the_environment_when_no_flag_gives_it(
         options_from_args(parser.parse_args(["serve", "m:app"]))
     monkeypatch.delenv("FORGEZERO_REVISION")
     assert options_from_args(parser.parse_args(["serve", "m:app"])).revision is None
+
+
+def test_sighup_single_process(
+    start_serve: StartServe,
+) -> None:
+    """SIGHUP cannot hand one process over to itself: the request in flight completes, the
+    process keeps serving, and the log says to run ``serve --workers N``."""
+    served = start_serve("tests.cli.apps:app", "--drain-timeout", "10s")
+    slow = served.in_background("/slow?seconds=1.5")
+    served.wait_admitted()
+    served.signal(signal.SIGHUP)
+    served.join()
+    assert isinstance(slow[0], httpx.Response)
+    assert slow[0].status_code == 200
+    assert served.get("/fast").status_code == 200
+    assert "serve.sighup_ignored" in served.log()
+    assert "serve APP --workers N" in served.log()
+    served.signal(signal.SIGTERM)
+    assert served.wait_exit() == 0

@@ -11,8 +11,9 @@ from .conftest import StartServe
 pytestmark = pytest.mark.server
 
 
-def test_serve_turns_the_apps_signal_hook_off(start_serve: StartServe) -> None:
-    """The app's runtime (drain_on_signal left on) neither hooks nor warns; serve's drain runs."""
+def test_app_signal_hook_off(start_serve: StartServe) -> None:
+    """serve turns the app's signal hook off: the app's runtime (drain_on_signal left on) neither
+    hooks nor warns; serve's drain runs."""
     served = start_serve("tests.cli.apps:app", "--drain-timeout", "10s")
     served.signal(signal.SIGTERM)
     assert served.wait_exit() == 0

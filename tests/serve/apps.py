@@ -4,7 +4,11 @@ Configured from the environment the tests set (the library reads none)::
 
     FORGEZERO_CONTROL_TOKEN / FORGEZERO_REVISION    the runtime's token and revision
     FZW_RECORDS     directory; each worker appends to ``<pid>.log`` (one unbuffered write a line)
-    FZW_MODE_FILE   read at import: ``crash`` raises on import, ``hang`` never finishes startup
+    FZW_MODE_FILE   read at import: ``crash`` raises on import, ``hang`` never finishes startup;
+                    ``stagger``: the first worker of a generation to start (it creates
+                    ``<mode file>.first``) is ready at once, the others 3 s later;
+                    ``one-fails``: the first is ready at once, the others fail their startup
+                    3.5 s later
 
 Records: ``started``, ``draining``, ``settled <state>`` (drained, failed, rolled-back),
 ``resumed`` (after a rollback) and
@@ -76,10 +80,24 @@ async def _follow_drains() -> None:
         record("resumed")
 
 
+def _first() -> bool:
+    """This worker is the first of its generation to start (``<mode file>.first`` is new)."""
+    try:
+        os.close(os.open(f"{_MODE_FILE}.first", os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
+
+
 @asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
     if MODE == "hang":
         await asyncio.Event().wait()
+    if MODE == "stagger" and not _first():
+        await asyncio.sleep(3.0)
+    if MODE == "one-fails" and not _first():
+        await asyncio.sleep(3.5)
+        raise RuntimeError("this worker fails its startup (FZW_MODE_FILE says one-fails)")
     follower = asyncio.create_task(_follow_drains())
     scheduler.start()
     record("started")

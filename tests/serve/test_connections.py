@@ -63,13 +63,13 @@ async def _serve(factory: Callable[[], asyncio.Protocol]) -> str:
         server.close()
 
 
-async def test_a_plain_close_with_unread_bytes_resets_the_answer() -> None:
+async def test_plain_close_resets() -> None:
     """Why the lingering close exists: the kernel answers unread bytes at close with a reset."""
     outcome = await _serve(_AnswerThenClose)
     assert outcome.startswith("ConnectionResetError"), outcome
 
 
-async def test_a_lingering_close_delivers_the_whole_answer() -> None:
+async def test_lingering_close_delivers() -> None:
     """The same server through the stop's transport: the client reads every byte, then EOF."""
     stop = ConnectionStop(first_byte_grace=1.0)
     protocol = zero_loss_protocol(_AnswerThenClose, stop)
@@ -78,7 +78,7 @@ async def test_a_lingering_close_delivers_the_whole_answer() -> None:
     await asyncio.wait_for(stop.wait_lingering(), 5.0)
 
 
-def test_a_class_that_is_not_a_uvicorn_protocol_is_refused() -> None:
+def test_non_uvicorn_protocol_refused() -> None:
     """The stop extends ``on_response_complete``; a protocol without it is a clear TypeError."""
     with pytest.raises(TypeError, match="not a uvicorn protocol"):
         zero_loss_protocol(asyncio.Protocol, ConnectionStop(first_byte_grace=1.0))

@@ -31,6 +31,12 @@ BOUND: Final = 30.0
 
 
 def _command(kind: str, port: int) -> list[str]:
+    if kind == "gunicorn-ours":
+        return [
+            sys.executable, "-m", "gunicorn", "tests.cli.apps:app", "-w", "2",
+            "-k", "forgezero_lifecycle.gunicorn.UvicornWorker", "-b", f"127.0.0.1:{port}",
+            "--graceful-timeout", "10", "--log-level", "info",
+        ]  # fmt: skip
     if kind == "uvicorn":
         return [
             sys.executable, "-m", "uvicorn", "tests.cli.apps:app", "--workers", "2",
@@ -86,42 +92,39 @@ def _start(kind: str, tmp_path: Path) -> tuple[str, Path, subprocess.Popen[bytes
     return f"http://127.0.0.1:{port}", log_path, process
 
 
-@pytest.mark.parametrize("kind", ["uvicorn", "hypercorn", "gunicorn"])
-def test_a_drain_of_one_foreign_worker_fails_and_names_its_sibling(
-    kind: str, tmp_path: Path
-) -> None:
-    """Never ``drained`` for part of a server: failed, with the sibling's PID in ``detail``."""
+@pytest.mark.parametrize("kind", ["uvicorn", "hypercorn", "gunicorn", "gunicorn-ours"])
+def test_one_worker_drain_refused(kind: str, tmp_path: Path) -> None:
+    """A drain request lands on one worker of several: refused with a 409 before intake closes,
+    naming ``serve --workers`` and the worker class; every worker still serves, and status and
+    rollback answer the same from any of them."""
     url, log_path, process = _start(kind, tmp_path)
     seen: set[int] = set()
     try:
         _wait_serving(process, url, log_path, seen)
         request = _request()
         begun = httpx.post(url + BEGIN, json=request, headers=AUTH, timeout=5, trust_env=False)
-        assert begun.status_code == 202, begun.text
-        statuses = []
-        deadline = time.monotonic() + BOUND
-        while not statuses:
-            response = _get(url + STATUS, params={"nonce": request["nonce"]})
-            if response.status_code == 200:
-                statuses.append(response.json())
-            assert time.monotonic() < deadline, "no worker knew the drain"
-        status = statuses[0]
-        assert status["status"] == "failed", status
-        shared = status["detail"]["sharedListener"]
-        assert len(shared["siblingPids"]) >= 1
-        assert set(shared["siblingPids"]) <= seen
-        assert "serve APP --workers N" in shared["advice"]
-        assert "drain.partial" in log_path.read_text()
+        assert begun.status_code == 409, begun.text
+        refusal = begun.json()
+        assert refusal["error"] == "RUNTIME_DRAIN_SHARED_LISTENER"
+        assert "serve APP --workers N" in refusal["detail"]
+        assert "forgezero_lifecycle.gunicorn.UvicornWorker" in refusal["detail"]
+        ready = [_get(url + "/.forgezero/runtime/ready").status_code for _ in range(20)]
+        assert ready == [200] * 20
+        served = [_get(url + "/fast").status_code for _ in range(20)]
+        assert served == [200] * 20
+        for _ in range(6):  # new connections: the kernel hands them to any worker
+            status = _get(url + STATUS, params={"nonce": request["nonce"]})
+            assert status.json()["error"] == "RUNTIME_DRAIN_NOT_FOUND"
+        assert "drain.refused_partial" in log_path.read_text()
     finally:
         survivors = _end(process, seen, signal.SIGINT if kind == "hypercorn" else signal.SIGTERM)
     assert survivors == []
 
 
 @pytest.mark.parametrize("kind", ["uvicorn", "gunicorn"])
-def test_sigterm_reaches_every_foreign_worker_and_each_drains_in_full(
-    kind: str, tmp_path: Path
-) -> None:
-    """A signal is not a partial drain: the parent passes it to every worker, each drains."""
+def test_sigterm_drains_every_worker(kind: str, tmp_path: Path) -> None:
+    """SIGTERM reaches every foreign worker and each drains in full: a signal is not a partial
+    drain, the parent passes it to every worker."""
     url, log_path, process = _start(kind, tmp_path)
     seen: set[int] = set()
     try:
@@ -137,7 +140,7 @@ def test_sigterm_reaches_every_foreign_worker_and_each_drains_in_full(
         thread.join(BOUND)
         text = log_path.read_text()
         assert slow == [200]
-        assert "drain.partial" not in text  # (the library logs errors even unconfigured)
+        assert "drain.refused_partial" not in text  # (the library logs errors unconfigured)
         assert "state=failed" not in text
     finally:
         survivors = _end(process, seen, signal.SIGTERM)
@@ -177,3 +180,17 @@ def _end(process: subprocess.Popen[bytes], seen: set[int], signum: int) -> list[
     for pid in survivors:
         os.kill(pid, signal.SIGKILL)
     return survivors
+
+
+def test_gunicorn_short_timeout_warns(tmp_path: Path) -> None:
+    """``--graceful-timeout 10`` under a 30 s drain deadline: each worker says what it needs."""
+    url, log_path, process = _start("gunicorn-ours", tmp_path)
+    seen: set[int] = set()
+    try:
+        _wait_serving(process, url, log_path, seen)
+        text = log_path.read_text()
+        assert text.count("gunicorn.graceful_timeout_too_short graceful_timeout=10 needed=38") == 2
+        assert "set --graceful-timeout to at least 38" in text
+    finally:
+        survivors = _end(process, seen, signal.SIGTERM)
+    assert survivors == []

@@ -71,10 +71,9 @@ def _hold(served: Supervised, count: int, seconds: float) -> list[Any]:
 
 
 @pytest.mark.parametrize("workers", [2, 3])
-def test_a_drain_through_the_port_reaches_every_worker(
-    start_supervised: StartSupervised, workers: int
-) -> None:
-    """Every worker drains, readiness is 503 on 20 of 20 polls, counters are the sums."""
+def test_drain_reaches_every_worker(start_supervised: StartSupervised, workers: int) -> None:
+    """A drain through the port reaches every worker: each drains, readiness is 503 on 20 of 20
+    polls, counters are the sums."""
     served = start_supervised("--revision", REVISION, workers=workers)
     pids = set(served.workers())
     assert served.pids_answering(workers) == pids
@@ -106,10 +105,11 @@ def test_a_drain_through_the_port_reaches_every_worker(
         assert "settled drained" in records[pid], (pid, records[pid])
 
 
-def test_an_exact_retry_is_a_duplicate_and_another_nonce_conflicts(
+def test_retry_and_conflict(
     start_supervised: StartSupervised,
 ) -> None:
-    """The generation validates once, with the single-process codes."""
+    """The generation validates once, with the single-process codes: an exact retry is a duplicate
+    and another nonce conflicts."""
     served = start_supervised("--revision", REVISION, workers=2)
     request = _request()
     assert served.post(BEGIN, request).status_code == 202
@@ -127,7 +127,7 @@ def test_an_exact_retry_is_a_duplicate_and_another_nonce_conflicts(
     assert served.get(STATUS, params={"nonce": "x" * 43}, headers=AUTH).status_code == 404
 
 
-def test_rollback_restores_every_worker(start_supervised: StartSupervised) -> None:
+def test_rollback_restores_workers(start_supervised: StartSupervised) -> None:
     """After rollback every worker is ready and serving again, and says so in its records."""
     served = start_supervised("--revision", REVISION, workers=2)
     pids = set(served.workers())
@@ -148,8 +148,9 @@ def test_rollback_restores_every_worker(start_supervised: StartSupervised) -> No
     assert served.post(BEGIN, again).status_code == 202
 
 
-def test_one_failed_worker_fails_the_drain_and_is_named(start_supervised: StartSupervised) -> None:
-    """A worker whose request outlives the deadline fails, and the generation with it."""
+def test_failed_worker_fails_drain(start_supervised: StartSupervised) -> None:
+    """A worker whose request outlives the deadline fails, and the generation's drain with it; the
+    failed worker is named."""
     served = start_supervised("--revision", REVISION, workers=2)
     held = _hold(served, 1, 3.0)
     request = _request(timeout_ms=500)
@@ -166,7 +167,7 @@ def test_one_failed_worker_fails_the_drain_and_is_named(start_supervised: StartS
     assert "settled failed" in records[holder]
 
 
-def test_schedules_status_covers_every_worker(start_supervised: StartSupervised) -> None:
+def test_schedules_status(start_supervised: StartSupervised) -> None:
     """``schedules/v1/status`` is answered for the generation: each worker's schedules, named."""
     served = start_supervised(workers=2)
     pids = set(served.workers())
@@ -179,7 +180,7 @@ def test_schedules_status_covers_every_worker(start_supervised: StartSupervised)
     assert served.get("/.forgezero/runtime/schedules/v1/status").status_code == 401
 
 
-def test_a_worker_dying_during_the_drain_fails_it(start_supervised: StartSupervised) -> None:
+def test_worker_death_fails_drain(start_supervised: StartSupervised) -> None:
     """SIGKILL of a worker still draining: the generation's drain fails, naming that worker."""
     served = start_supervised("--revision", REVISION, workers=2)
     _hold(served, 1, 5.0)
@@ -199,7 +200,7 @@ def test_a_worker_dying_during_the_drain_fails_it(start_supervised: StartSupervi
     assert len(served.workers()) == 1  # not replaced while its generation drains
 
 
-def test_the_current_drain_is_the_generations(start_supervised: StartSupervised) -> None:
+def test_current_drain_any_worker(start_supervised: StartSupervised) -> None:
     """``drain/v1/current`` (no nonce) answers for the generation from any worker."""
     served = start_supervised("--revision", REVISION, workers=2)
     current = "/.forgezero/runtime/drain/v1/current"

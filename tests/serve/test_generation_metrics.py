@@ -29,10 +29,11 @@ def _in_flight(served: Supervised) -> dict[tuple[str, str], float]:
     return found
 
 
-def test_one_scrape_holds_every_worker_labelled_and_sums_the_generation(
+def test_scrape_lists_every_worker(
     start_supervised: StartSupervised,
 ) -> None:
-    """Whichever worker a scrape lands on, it lists both workers; a held request counts once."""
+    """One scrape holds every worker, labelled, and sums the generation: whichever worker it lands
+    on, it lists both workers; a held request counts once."""
     served = start_supervised(target="tests.ops.app:app", workers=2)
     for _ in range(6):  # scrapes land on either worker: each must show both
         assert {worker for worker, _ in _in_flight(served)} == {"0", "1"}
@@ -55,10 +56,11 @@ def test_one_scrape_holds_every_worker_labelled_and_sums_the_generation(
     assert sum(v for (_, kind), v in _in_flight(served).items() if kind == "http") == 0
 
 
-def test_a_generation_whose_app_serves_no_metrics_answers_not_found(
+def test_no_metrics_not_found(
     start_supervised: StartSupervised,
 ) -> None:
-    """Without ``Runtime(metrics=...)`` the path is unknown, as it is for one process."""
+    """A generation whose app serves no metrics answers not found: without ``Runtime(metrics=...)``
+    the path is unknown, as it is for one process."""
     served = start_supervised(workers=2)
     response = served.get(METRICS)
     assert response.status_code == 404

@@ -202,11 +202,11 @@ def _judge_no_loss(load: HttpLoad, per_pid: dict[int, ServerRecords]) -> dict[st
 
 @pytest.mark.parametrize("run", range(RUNS))
 @pytest.mark.timeout(scale(300, 600))
-async def test_two_sighup_handovers_under_load_lose_and_refuse_nothing(
+async def test_two_sighups_lose_nothing(
     start_supervised: StartSupervised, tmp_path: Path, sqlite_jobs: SharedJobs, run: int
 ) -> None:
-    """0 lost, 0 refused; N distinct PIDs per generation, none in two; state handed over exactly;
-    every durable job completed exactly once."""
+    """Two SIGHUP handovers under load: 0 lost, 0 refused; N distinct PIDs per generation, none in
+    two; state handed over exactly; every durable job completed exactly once."""
     jobs_env = {**sqlite_jobs.env, "FZREL_JOB_SECONDS": "0.5", "FZREL_JOB_LEASE": "2"}
     served, revision_file, _ = _start(start_supervised, tmp_path, env=jobs_env)
     await sqlite_jobs.enqueue(JOBS)
@@ -275,10 +275,11 @@ async def test_two_sighup_handovers_under_load_lose_and_refuse_nothing(
 
 @pytest.mark.parametrize("mode", ["crash", "hang"])
 @pytest.mark.timeout(180)
-async def test_a_new_generation_that_cannot_start_leaves_the_old_one_serving(
+async def test_failed_start_keeps_old(
     start_supervised: StartSupervised, tmp_path: Path, mode: str
 ) -> None:
-    """Crash on import, or never ready: the handover is aborted and nothing is lost meanwhile."""
+    """A new generation that cannot start leaves the old one serving: crash on import, or never
+    ready, the handover is aborted and nothing is lost meanwhile."""
     served, revision_file, mode_file = _start(start_supervised, tmp_path, "--start-timeout", "3s")
     before = served.workers()
     load = _load(served, seed=34)
@@ -304,10 +305,9 @@ async def test_a_new_generation_that_cannot_start_leaves_the_old_one_serving(
     assert await anyio.to_thread.run_sync(served.wait_exit) == 0
 
 
-async def test_a_second_sighup_during_a_handover_is_refused(
-    start_supervised: StartSupervised, tmp_path: Path
-) -> None:
-    """One handover at a time: the second SIGHUP is logged and changes nothing."""
+async def test_second_sighup_refused(start_supervised: StartSupervised, tmp_path: Path) -> None:
+    """A second SIGHUP during a handover is refused: one handover at a time, it is logged and
+    changes nothing."""
     served, revision_file, _ = _start(start_supervised, tmp_path)
     revision_file.write_text(revision(2))
     served.signal(signal.SIGHUP)
@@ -342,7 +342,7 @@ def _peer_command(kind: str, port: int) -> list[str]:
 
 @pytest.mark.parametrize("kind", ["gunicorn", "uvicorn", "granian"])
 @pytest.mark.timeout(300)
-async def test_peers_under_the_same_load_and_two_reloads(tmp_path: Path, kind: str) -> None:
+async def test_peers_same_load(tmp_path: Path, kind: str) -> None:
     """The same load and two SIGHUP reloads under gunicorn -w 2, uvicorn --workers 2 and granian
     --workers 2, for comparison (reported; the peers promise nothing, so only the run itself is
     checked)."""

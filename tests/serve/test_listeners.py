@@ -13,7 +13,7 @@ from forgezero_lifecycle._errors import ConfigurationError
 from forgezero_lifecycle.serve.listeners import bind_listener, systemd_listeners
 
 
-def test_a_bound_listener_does_not_reuse_the_port() -> None:
+def test_listener_no_reuseport() -> None:
     """One kernel socket per port: SO_REUSEPORT stays off, so a second bind fails clearly."""
     sock = bind_listener("127.0.0.1", 0)
     try:
@@ -26,23 +26,26 @@ def test_a_bound_listener_does_not_reuse_the_port() -> None:
         sock.close()
 
 
-def test_no_listen_fds_means_no_activation() -> None:
+def test_no_listen_fds() -> None:
+    """No LISTEN_FDS means no socket activation."""
     assert systemd_listeners({}) is None
 
 
-def test_listen_pid_of_another_process_is_ignored_and_left_alone() -> None:
-    """The variables were meant for a parent: not ours to take, not ours to remove."""
+def test_other_listen_pid_ignored() -> None:
+    """LISTEN_PID of another process is ignored and left alone: the variables were meant for a
+    parent, not ours to take, not ours to remove."""
     env = {"LISTEN_FDS": "1", "LISTEN_PID": str(os.getpid() + 1)}
     assert systemd_listeners(env) is None
     assert env == {"LISTEN_FDS": "1", "LISTEN_PID": str(os.getpid() + 1)}
 
 
-def test_malformed_variables_are_a_configuration_error() -> None:
+def test_malformed_variables_error() -> None:
+    """Malformed variables are a configuration error."""
     with pytest.raises(ConfigurationError, match="not numbers"):
         systemd_listeners({"LISTEN_FDS": "one", "LISTEN_PID": str(os.getpid())})
 
 
-def test_an_fd_that_is_not_a_listening_socket_is_refused() -> None:
+def test_non_listening_fd_refused() -> None:
     """fd 3 holding a connected (not listening) socket: refused, and left open."""
     left, right = socket.socketpair()
     with left, right, _at_fd_3(left):
@@ -52,7 +55,8 @@ def test_an_fd_that_is_not_a_listening_socket_is_refused() -> None:
         assert _is_open(3)
 
 
-def test_activated_sockets_are_taken_with_their_names_and_the_variables_removed() -> None:
+def test_activated_sockets_taken() -> None:
+    """Activated sockets are taken with their names, and the variables are removed."""
     listening = socket.create_server(("127.0.0.1", 0))
     with listening, _at_fd_3(listening):
         env = {"LISTEN_FDS": "1", "LISTEN_PID": str(os.getpid()), "LISTEN_FDNAMES": "http"}

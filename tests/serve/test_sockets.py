@@ -36,7 +36,7 @@ def _connect_nonblocking(address: tuple[str, int]) -> socket.socket:
 
 
 @linux_only
-def test_queued_connections_are_counted(listener: socket.socket) -> None:
+def test_queued_connections_counted(listener: socket.socket) -> None:
     """The accept queue's length is what waits to be accepted, and falls as it is accepted."""
     clients = [socket.create_connection(listener.getsockname()) for _ in range(3)]
     try:
@@ -50,7 +50,7 @@ def test_queued_connections_are_counted(listener: socket.socket) -> None:
 
 
 @linux_only
-def test_a_refusing_listener_completes_no_new_handshake(listener: socket.socket) -> None:
+def test_refusing_no_new_handshake(listener: socket.socket) -> None:
     """After the filter a new client's SYN is dropped: nothing reaches the accept queue."""
     assert refuse_new_connections(listener)
     client = _connect_nonblocking(listener.getsockname())
@@ -64,8 +64,9 @@ def test_a_refusing_listener_completes_no_new_handshake(listener: socket.socket)
 
 
 @linux_only
-def test_what_was_queued_before_the_filter_is_still_served(listener: socket.socket) -> None:
-    """Connections that completed their handshake before the filter exchange data as usual."""
+def test_queued_still_served(listener: socket.socket) -> None:
+    """What was queued before the filter is still served: connections that completed their handshake
+    before the filter exchange data as usual."""
     client = socket.create_connection(listener.getsockname())
     try:
         assert refuse_new_connections(listener)
@@ -80,8 +81,9 @@ def test_what_was_queued_before_the_filter_is_still_served(listener: socket.sock
 
 
 @linux_only
-def test_a_client_waiting_on_a_refusing_listener_is_refused_once_it_closes() -> None:
-    """The SYN the client retransmits after the close meets a closed port: connection refused."""
+def test_waiter_refused_on_close() -> None:
+    """A client waiting on a refusing listener is refused once it closes: the SYN the client
+    retransmits after the close meets a closed port."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
@@ -96,7 +98,7 @@ def test_a_client_waiting_on_a_refusing_listener_is_refused_once_it_closes() -> 
         client.close()
 
 
-def test_sockets_that_are_not_tcp_are_not_touched() -> None:
+def test_non_tcp_untouched() -> None:
     """A Unix socket has no SYN to drop and no TCP_INFO: both helpers say they cannot help."""
     left, right = socket.socketpair()
     with left, right:

@@ -89,10 +89,11 @@ def _begin_drain(client: socket.socket) -> None:
     assert head.startswith(b"HTTP/1.1 202"), head
 
 
-def test_a_request_sent_late_on_a_connection_accepted_before_the_stop_is_answered(
+def test_late_request_answered(
     start_serve: StartServe,
 ) -> None:
-    """uvicorn alone closes a connection whose request it has not read at once; serve waits."""
+    """A request sent late on a connection accepted before the stop is answered: uvicorn alone
+    closes a connection whose request it has not read at once; serve waits."""
     served = start_serve("tests.cli.apps:app", "--first-byte-grace", "5s")
     client = _connect(served)
     with client:
@@ -107,10 +108,11 @@ def test_a_request_sent_late_on_a_connection_accepted_before_the_stop_is_answere
     assert served.wait_exit() == 0
 
 
-def test_a_response_started_before_the_drain_closes_its_connection(
+def test_started_response_closes(
     start_serve: StartServe,
 ) -> None:
-    """It cannot carry Connection: close any more, so the server closes after it instead."""
+    """A response started before the drain closes its connection: it cannot carry Connection: close
+    any more, so the server closes after it instead."""
     served = start_serve("tests.cli.apps:app")
     client = _connect(served)
     with client, _connect(served) as control:

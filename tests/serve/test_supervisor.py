@@ -24,7 +24,7 @@ pytestmark = pytest.mark.server
 HANDOVER = "/.forgezero/runtime/supervisor/v1/handover"
 
 
-def test_workers_share_the_port_and_sigterm_drains_then_exits_0(
+def test_workers_share_port(
     start_supervised: StartSupervised,
 ) -> None:
     """N distinct worker PIDs answer on one port; SIGTERM drains every one of them; exit 0."""
@@ -41,10 +41,11 @@ def test_workers_share_the_port_and_sigterm_drains_then_exits_0(
     assert [pid for pid in pids if alive(pid)] == []
 
 
-def test_in_flight_work_finishes_and_the_second_signal_forces_the_stop(
+def test_second_signal_forces_stop(
     start_supervised: StartSupervised,
 ) -> None:
-    """A long request holds the drain; a second signal stops at once with exit code 1."""
+    """In-flight work finishes: a long request holds the drain; a second signal stops at once with
+    exit code 1."""
     served = start_supervised("--drain-timeout", "30s", workers=2)
     outcome: list[object] = []
     thread = threading.Thread(
@@ -62,8 +63,9 @@ def test_in_flight_work_finishes_and_the_second_signal_forces_the_stop(
     thread.join(15.0)
 
 
-def test_a_worker_that_dies_is_replaced(start_supervised: StartSupervised) -> None:
-    """SIGKILL of one worker: logged with the reason, a fresh process takes its place."""
+def test_dead_worker_replaced(start_supervised: StartSupervised) -> None:
+    """A worker that dies is replaced: SIGKILL of one worker is logged with the reason, a fresh
+    process takes its place."""
     served = start_supervised(workers=2)
     first = served.workers()
     victim = first[0]
@@ -75,10 +77,9 @@ def test_a_worker_that_dies_is_replaced(start_supervised: StartSupervised) -> No
     assert served.pids_answering(2) == set(now)
 
 
-def test_a_worker_that_never_becomes_ready_fails_the_start(
-    start_supervised: StartSupervised, tmp_path: Path
-) -> None:
-    """Startup that hangs: the supervisor says which worker and why, and exits 1."""
+def test_unready_worker_fails_start(start_supervised: StartSupervised, tmp_path: Path) -> None:
+    """A worker that never becomes ready fails the start: the supervisor says which worker and why,
+    and exits 1."""
     mode = tmp_path / "mode"
     mode.write_text("hang")
     served = start_supervised(
@@ -90,20 +91,23 @@ def test_a_worker_that_never_becomes_ready_fails_the_start(
     assert "was not ready within 2 s" in log
 
 
-def test_an_app_that_crashes_on_import_fails_the_start(
-    start_supervised: StartSupervised, tmp_path: Path
+@pytest.mark.parametrize("workers", [1, 2])
+def test_import_crash_fails_start(
+    start_supervised: StartSupervised, tmp_path: Path, workers: int
 ) -> None:
-    """Import error: the worker's own reason is in the supervisor's message; exit 1."""
+    """An app that crashes on import fails the start: the worker's own reason is in the supervisor's
+    message; exit 1. With one worker its exit is the whole generation's (``--workers 1`` used to
+    hang there: the machine forgot the generation twice, and the error was dropped unseen)."""
     mode = tmp_path / "mode"
     mode.write_text("crash")
-    served = start_supervised(workers=2, env={"FZW_MODE_FILE": str(mode)}, wait=False)
+    served = start_supervised(workers=workers, env={"FZW_MODE_FILE": str(mode)}, wait=False)
     assert served.wait_exit() == 1
     log = served.log()
     assert "before it was ready" in log
     assert "crashes on import" in log
 
 
-def test_workers_stop_when_the_supervisor_is_killed(start_supervised: StartSupervised) -> None:
+def test_orphaned_workers_exit(start_supervised: StartSupervised) -> None:
     """SIGKILL of the supervisor: every worker notices and exits on its own."""
     served = start_supervised(workers=2)
     pids = served.workers()
@@ -116,10 +120,11 @@ def test_workers_stop_when_the_supervisor_is_killed(start_supervised: StartSuper
     assert children(served.process.pid) == []
 
 
-def test_sigint_and_sigterm_sent_to_a_worker_are_the_supervisors_to_command(
+def test_worker_ignores_signals(
     start_supervised: StartSupervised,
 ) -> None:
-    """A worker sent SIGINT (a terminal's Ctrl-C) or SIGTERM directly keeps serving."""
+    """A worker sent SIGINT (a terminal's Ctrl-C) or SIGTERM directly keeps serving: those signals
+    are the supervisor's to command."""
     served = start_supervised(workers=2)
     pids = served.workers()
     for pid in pids:
@@ -138,7 +143,7 @@ def _try(call: object) -> object:
         return error
 
 
-def test_reload_through_the_control_plane_hands_over_to_fresh_workers(
+def test_control_reload_hands_over(
     start_supervised: StartSupervised,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
@@ -172,7 +177,7 @@ def test_reload_through_the_control_plane_hands_over_to_fresh_workers(
     assert served.get(HANDOVER + "?handover=x", headers=AUTH).status_code == 404
 
 
-def test_reload_of_a_generation_that_cannot_start_fails_and_says_why(
+def test_failed_reload_says_why(
     start_supervised: StartSupervised,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
@@ -206,10 +211,11 @@ def test_reload_of_a_generation_that_cannot_start_fails_and_says_why(
     assert served.workers() == before
 
 
-def test_systemd_socket_activation_serves_on_the_passed_socket(
+def test_socket_activation(
     start_supervised: StartSupervised,
 ) -> None:
-    """A pre-bound socket passed as fd 3 (LISTEN_FDS=1, LISTEN_PID): the workers serve on it."""
+    """systemd socket activation: a pre-bound socket passed as fd 3 (LISTEN_FDS=1, LISTEN_PID), the
+    workers serve on it."""
     with socket.create_server(("127.0.0.1", 0)) as activated:
         served = start_supervised(workers=2, socket_activation=activated)
         assert "(systemd, fd 3, name http)" in served.log()
@@ -219,18 +225,20 @@ def test_systemd_socket_activation_serves_on_the_passed_socket(
         assert served.wait_exit() == 0
 
 
-def test_plain_serve_takes_a_systemd_socket_too(start_supervised: StartSupervised) -> None:
-    """Without --workers, serve serves on the activated socket instead of binding its port."""
+def test_plain_serve_activation(start_supervised: StartSupervised) -> None:
+    """Without --workers, serve takes a systemd socket too: it serves on the activated socket
+    instead of binding its port."""
     with socket.create_server(("127.0.0.1", 0)) as activated:
         served = start_supervised(workers=0, socket_activation=activated, wait=False)
         served.wait_for(lambda: _try(lambda: served.get("/pid")), "serving")
         assert served.get("/pid").json()["pid"] == served.process.pid
 
 
-def test_sigterm_drains_an_app_whose_runtime_reads_its_revision_from_the_environment(
+def test_revision_from_environment(
     start_supervised: StartSupervised,
 ) -> None:
-    """No --revision: the generation takes the revision its workers report, and drains."""
+    """SIGTERM drains an app whose runtime reads its revision from the environment: with no
+    --revision the generation takes the revision its workers report."""
     revision = "c" * 40
     served = start_supervised(workers=2, env={"FORGEZERO_REVISION": revision})
     wrong = {
@@ -246,9 +254,7 @@ def test_sigterm_drains_an_app_whose_runtime_reads_its_revision_from_the_environ
     assert "supervisor.stopped drain=drained" in served.log()
 
 
-def test_sigterm_while_the_workers_start_stops_them_all(
-    start_supervised: StartSupervised, tmp_path: Path
-) -> None:
+def test_sigterm_during_start(start_supervised: StartSupervised, tmp_path: Path) -> None:
     """A signal before the first generation is ready: nothing to drain, everything stopped."""
     mode = tmp_path / "mode"
     mode.write_text("hang")

@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     for waiting in (drain, handoff):
         waiting.add_argument(
             "--timeout",
-            type=serve.parse_duration,
+            type=serve.parse_deadline,
             default=30.0,
             help="the deadline the server enforces (default 30s)",
         )

@@ -29,6 +29,7 @@ __all__ = [
     "handover_summary",
     "printable",
     "report",
+    "shared_listener_advice",
     "summary",
 ]
 
@@ -89,6 +90,18 @@ def summary(status: dict[str, object]) -> str:
     return "  ".join(parts)
 
 
+def shared_listener_advice(status: dict[str, object]) -> str | None:
+    """The line that says the drain reached one worker of several (``detail.sharedListener``
+    of a runtime under ``uvicorn --workers`` or ``gunicorn -w``), or None."""
+    detail = status.get("detail")
+    shared = detail.get("sharedListener") if isinstance(detail, dict) else None
+    if not isinstance(shared, dict):
+        return None
+    siblings = shared.get("siblingPids")
+    pids = ", ".join(str(pid) for pid in siblings) if isinstance(siblings, list) else "?"
+    return f"sharedListener: sibling workers {pids} share this worker's socket; {shared.get('advice', '')}"
+
+
 def _counters(counters: dict[str, object]) -> str:
     return " ".join(f"{kind}={count}" for kind, count in counters.items())
 
@@ -100,6 +113,9 @@ def report(args: argparse.Namespace, status: dict[str, object]) -> int:
         sys.stdout.write(orjson.dumps(status).decode() + "\n")
     else:
         print(printable(summary(status)))
+        advice = shared_listener_advice(status)
+        if advice is not None:
+            print(printable(advice))
     if state in _OK_STATES or (args.command == "rollback" and state == "rolled-back"):
         return EXIT_OK
     if state in ("draining", "pending"):

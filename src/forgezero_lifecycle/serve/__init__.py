@@ -26,17 +26,21 @@ on the same port (README "Several workers").
 Modules: ``options`` (flags and values), ``command`` (import the app, find its runtime),
 ``server`` (uvicorn under the runtime's control), ``connections`` (the stop of each
 connection), ``sockets`` (the stop of a listener), ``listeners`` (binding, systemd socket
-activation), ``supervisor`` (generations, stop, handover), ``handoff`` (a generation's state,
-worker by worker, to the next), ``generation`` (one generation's workers and drain),
-``forwarding`` (the generation-wide control paths, forwarded by a worker and answered by the
-supervisor), ``process`` (a worker as the supervisor sees it), ``worker`` (the worker process
-itself), ``channel`` (their private channel).
+activation); for ``--workers``: ``machine`` (the supervisor's decisions: states, events,
+actions, no I/O), ``supervisor`` (the I/O that carries them out: signals, generations,
+timers), ``generation`` (one generation's workers and drain), ``worker_handle`` (the
+supervisor's handle on one worker process), ``worker`` (the worker process's entry point),
+``channel`` (their private channel) and ``messages`` (what it carries), ``handovers`` (the
+record of each generation switch, for ``supervisor/v1/handover``), ``state_transfer`` (the state
+transfer, worker by worker, to the next generation), ``forwarding`` (the generation-wide
+control paths, forwarded by a worker and answered by the supervisor).
 """
 
 from .command import run as run
 from .options import ServeOptions as ServeOptions
 from .options import add_arguments as add_arguments
 from .options import options_from_args as options_from_args
+from .options import parse_deadline as parse_deadline
 from .options import parse_duration as parse_duration
 from .options import parse_revision as parse_revision
 from .server import find_runtime as find_runtime
@@ -47,6 +51,7 @@ __all__ = [
     "add_arguments",
     "find_runtime",
     "options_from_args",
+    "parse_deadline",
     "parse_duration",
     "parse_revision",
     "run",

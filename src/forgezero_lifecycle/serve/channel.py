@@ -7,8 +7,11 @@ a 4-byte big-endian length, then one JSON object. Three kinds of message::
     {"re": 7, ...}                     the answer to request 7
     {"event": "state", ...}            a one-way notice
 
-Either side may send requests. End of file means the other process is gone; nothing else on the
-channel is trusted more than the process on the other end (both are ours).
+Either side may send requests. End of file means the other process is gone; nothing else ends
+the channel: the sender refuses a message over :data:`MAX_MESSAGE_BYTES`
+(:class:`MessageTooLargeError`, nothing is sent), and a receiver skips a frame that is over the
+limit or is not a JSON object (logged) and reads on. What the messages are is
+:mod:`.messages`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ from typing import Any, Final, final
 
 import orjson
 
-__all__ = ["MAX_MESSAGE_BYTES", "Channel", "ChannelClosedError", "Handler", "read_frame_blocking"]
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "Channel",
+    "ChannelClosedError",
+    "Handler",
+    "MessageTooLargeError",
+    "read_frame_blocking",
+]
 
 logger = logging.getLogger("forgezero_lifecycle.serve.channel")
 
@@ -40,8 +50,20 @@ class ChannelClosedError(ConnectionError):
     """The process on the other end is gone (end of file, or the channel was closed)."""
 
 
+class MessageTooLargeError(ValueError):
+    """A message over :data:`MAX_MESSAGE_BYTES` once encoded: it is not sent."""
+
+
+#: Bytes read at a time while skipping an oversized frame.
+_SKIP_CHUNK: Final = 64 * 1024
+
+
 def encode(message: Message) -> bytes:
     body = orjson.dumps(message)
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise MessageTooLargeError(
+            f"a {len(body)}-byte message is over the channel's {MAX_MESSAGE_BYTES} bytes"
+        )
     return _HEADER.pack(len(body)) + body
 
 
@@ -97,15 +119,17 @@ class Channel:
         self._writer.write(encode(message))
 
     async def request(self, op: str, timeout: float = 10.0, **fields: Any) -> Message:
-        """Send request ``op`` and wait (bounded) for its answer."""
+        """Send request ``op`` and wait (bounded) for its answer; raises
+        :class:`MessageTooLargeError` (nothing sent) when it is over the limit."""
         if self.closed.is_set():
             raise ChannelClosedError("the channel is closed")
         self._next_id += 1
         number = self._next_id
+        frame = encode({"id": number, "op": op, **fields})
         answer: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._waiting[number] = answer
         try:
-            self._writer.write(encode({"id": number, "op": op, **fields}))
+            self._writer.write(frame)
             async with asyncio.timeout(timeout):
                 return await answer
         finally:
@@ -132,14 +156,27 @@ class Channel:
                 header = await self._reader.readexactly(_HEADER.size)
                 (length,) = _HEADER.unpack(header)
                 if length > MAX_MESSAGE_BYTES:
-                    logger.error("channel.oversized length=%d", length)
-                    return
-                message = orjson.loads(await self._reader.readexactly(length))
+                    logger.error("channel.oversized length=%d: skipped", length)
+                    await self._skip(length)
+                    continue
+                try:
+                    message = orjson.loads(await self._reader.readexactly(length))
+                except orjson.JSONDecodeError:
+                    logger.error("channel.not_json length=%d: skipped", length)
+                    continue
+                if not isinstance(message, dict):
+                    logger.error("channel.not_an_object: skipped")
+                    continue
                 self._dispatch(message)
-        except (asyncio.IncompleteReadError, ConnectionError, orjson.JSONDecodeError):
+        except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             self._shut()
+
+    async def _skip(self, length: int) -> None:
+        while length > 0:
+            chunk = await self._reader.readexactly(min(length, _SKIP_CHUNK))
+            length -= len(chunk)
 
     def _dispatch(self, message: Message) -> None:
         if "re" in message:
@@ -160,4 +197,9 @@ class Channel:
             )
             answer = {"error": "RUNTIME_INTERNAL_ERROR", "detail": type(error).__name__}
         if "id" in message and not self.closed.is_set():
-            self._writer.write(encode({**(answer or {}), "re": message["id"]}))
+            try:
+                frame = encode({**(answer or {}), "re": message["id"]})
+            except MessageTooLargeError as error:
+                logger.error("channel.answer_too_large: %s", error)
+                frame = encode({"error": "RUNTIME_ANSWER_TOO_LARGE", "re": message["id"]})
+            self._writer.write(frame)

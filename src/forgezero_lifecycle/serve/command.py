@@ -32,11 +32,12 @@ DEFAULT_STREAM_GRACE: Final = 5.0
 def run(app: str | ASGIApp, options: ServeOptions) -> int:
     """Import ``app`` (``"module:attribute"``) if needed, serve it, return the exit code.
 
-    The runtime settings given as flags are exported first (``FORGEZERO_REVISION``,
-    ``FORGEZERO_NOT_READY_GRACE``, ``FORGEZERO_STREAM_GRACE``), for apps that build their own
-    runtime from the environment. One rule then holds: an app without a runtime gets one built
-    from the flags; an app with its own runtime is served with it, and every flag given must
-    agree with it, or ``serve`` refuses to start (a flag it would silently ignore is an error).
+    One rule (docs/serve.md, "serve's flags and an app's own runtime"): the runtime flags
+    configure the runtime ``serve`` serves, and are never silently ignored. They are exported
+    first (``FORGEZERO_REVISION``, ``FORGEZERO_NOT_READY_GRACE``, ``FORGEZERO_STREAM_GRACE``);
+    an app without a runtime gets one built from them; an app that builds its own reads them
+    from the environment (as examples/quickstart/main.py does), and every flag given must agree
+    with the runtime it built, or ``serve`` refuses to start.
     """
     if options.workers is not None:
         if not isinstance(app, str):
@@ -111,8 +112,9 @@ def _check_agrees(runtime: Runtime, options: ServeOptions) -> None:
         raise ConfigurationError(
             detail="the app builds its own runtime, which does not use "
             + ", ".join(ignored)
-            + ": pass the values to Runtime(...) (serve exports them as FORGEZERO_REVISION, "
-            "FORGEZERO_NOT_READY_GRACE and FORGEZERO_STREAM_GRACE) or drop the flags"
+            + ": build it from the settings serve exports (FORGEZERO_REVISION, "
+            "FORGEZERO_NOT_READY_GRACE, FORGEZERO_STREAM_GRACE), as the README's Quick start "
+            "does, or drop the flags"
         )
 
 

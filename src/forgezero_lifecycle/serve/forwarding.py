@@ -1,65 +1,59 @@
-"""The generation-wide control paths (``serve --workers``): a worker forwards them, the
-supervisor answers them for the whole generation.
+"""The generation-wide control paths (``serve --workers``): a worker checks them, the supervisor
+answers them for the whole generation.
 
-A worker's control plane does not answer the drain paths (``drain/v1/begin|status|current|
-rollback``), ``schedules/v1/status``, ``metrics`` or ``supervisor/v1/reload|handover`` itself:
-:class:`GenerationControl` (pure ASGI, in the worker) sends each such request over the worker's
-private channel as one ``control`` command, every field latin-1 text::
+There is one control plane: :class:`~forgezero_lifecycle.asgi.control.ControlApp`. A worker
+serves the generation-wide paths (:data:`~forgezero_lifecycle.asgi.control.GENERATION_PATHS`:
+the drain paths, ``schedules``, ``metrics``, ``supervisor/v1/reload`` and
+``supervisor/v1/handover``) with the app its runtime built, made by
+:meth:`~forgezero_lifecycle.asgi.control.ControlApp.for_generation`. So the token, the Host and
+forwarding-header rules of ``--insecure-loopback-control``, the content type, the body's size and
+time bounds and every error code are the single-process ones, applied in the worker before
+anything crosses the channel. What crosses it is one small typed call::
 
-    {"method", "path", "query", "headers": [[name, value], ...], "client", "body"}
+    {"op": "control", "call": "drain.status", "args": {"nonce": "..."}}
 
-and :class:`ForwardedControl` (in the supervisor, one per generation) answers it with
-``{"status", "headers", "body"}``: the drain paths through a
-:class:`~forgezero_lifecycle.asgi.control.ControlApp` over the generation's drain controller, so
-validation, authentication and error codes are the single-process ones, with the per-worker
-picture in ``detail``; ``metrics`` as every worker's scrape, labelled with its worker;
-``reload`` as the begin of a handover, answered with its number, and ``handover`` from the
-supervisor's record of it (:mod:`.handovers`). A supervisor that does not answer in time is a 503
-``RUNTIME_SUPERVISOR_UNAVAILABLE``.
+answered by :class:`ForwardedControl`, in the supervisor, one per generation, with
+``{"status", "headers", "body"}`` (``body`` a JSON value: an object, or the text of a metrics
+scrape). A supervisor that does not answer in time is a 503 ``RUNTIME_SUPERVISOR_UNAVAILABLE``.
+
+The answers: the drain calls from the generation's drain controller, with the per-worker picture
+in ``detail``; ``schedules`` and ``metrics`` from every worker, labelled with its worker;
+``reload`` begins a handover and answers with its number; ``handover`` from the supervisor's
+record (:mod:`.handovers`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-from collections.abc import Callable, MutableMapping
-from typing import TYPE_CHECKING, Any, Final, final
-from urllib.parse import parse_qs
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, Protocol, final
 
 import orjson
 
-from ..asgi._body import discard_body
+from .._errors import (
+    ControlPathNotFoundError,
+    DrainNotFoundError,
+    DrainRequestInvalidError,
+    LifecycleError,
+    ReloadBusyError,
+)
 from ..asgi._paths import app_path
-from ..asgi._types import ASGIApp, Message, Receive, Scope, Send
-from ..asgi.control import MAX_CONTROL_BODY_BYTES, ControlApp
-from ..wire import paths
+from ..asgi._types import ASGIApp, Receive, Scope, Send
+from ..asgi.control import GENERATION_PATHS, Answer, ControlApp, error_answer
+from ..core.drain import DrainController
 from ..wire.supervisor import ReloadAccepted
 from .channel import Channel, ChannelClosedError
 from .handovers import HandoverLog
-from .options import ServeOptions
 
-if TYPE_CHECKING:
-    from .generation import Generation
+__all__ = ["FORWARD_TIMEOUT", "ForwardedControl", "GenerationControl"]
 
-__all__ = ["FORWARDED_PATHS", "ForwardedControl", "GenerationControl"]
-
-#: Control paths answered by the supervisor for the whole generation.
-FORWARDED_PATHS: Final = frozenset(
-    {
-        paths.RUNTIME_DRAIN_BEGIN_PATH,
-        paths.RUNTIME_DRAIN_STATUS_PATH,
-        paths.RUNTIME_DRAIN_CURRENT_PATH,
-        paths.RUNTIME_DRAIN_ROLLBACK_PATH,
-        paths.RUNTIME_SCHEDULES_STATUS_PATH,
-        paths.RUNTIME_METRICS_PATH,
-    }
+#: How long a worker waits for the supervisor's answer to one call.
+FORWARD_TIMEOUT: Final = 30.0
+_UNAVAILABLE: Final = Answer(
+    503,
+    b'{"error":"RUNTIME_SUPERVISOR_UNAVAILABLE",'
+    b'"detail":"the supervisor did not answer; try again"}',
 )
-#: The paths that exist only under a supervisor (``forgezero-lifecycle reload``).
-SUPERVISOR_PATHS: Final = frozenset(
-    {paths.RUNTIME_SUPERVISOR_RELOAD_PATH, paths.RUNTIME_SUPERVISOR_HANDOVER_PATH}
-)
-#: The answer when the supervisor does not answer a forwarded request.
-_UNAVAILABLE: Final = b'{"error":"RUNTIME_SUPERVISOR_UNAVAILABLE"}'
 
 
 # The worker's end.
@@ -67,128 +61,157 @@ _UNAVAILABLE: Final = b'{"error":"RUNTIME_SUPERVISOR_UNAVAILABLE"}'
 
 @final
 class GenerationControl:
-    """Pure ASGI, in a worker: the generation-wide control paths go to the supervisor, the rest
-    to ``app``."""
+    """Pure ASGI, in a worker: the generation-wide control paths go to ``control`` made for the
+    generation (checked here, answered by the supervisor), everything else to ``app``."""
 
-    def __init__(self, app: ASGIApp, /, *, channel: Channel) -> None:
+    def __init__(self, app: ASGIApp, /, *, channel: Channel, control: ControlApp) -> None:
         self.app = app
         self._channel = channel
+        self._control = control.for_generation(self._call)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "http" and app_path(scope).rstrip("/") in GENERATION_PATHS:
+            await self._control(scope, receive, send)
+        else:
             await self.app(scope, receive, send)
-            return
-        path = app_path(scope)
-        if path.rstrip("/") not in FORWARDED_PATHS and path.rstrip("/") not in SUPERVISOR_PATHS:
-            await self.app(scope, receive, send)
-            return
-        body = await _read_capped(receive)
-        client = scope.get("client") or ("", 0)
-        forwarded = {
-            "method": scope["method"],
-            "path": path,
-            "query": scope.get("query_string", b"").decode("latin-1"),
-            "headers": [[k.decode("latin-1"), v.decode("latin-1")] for k, v in scope["headers"]],
-            "client": client[0],
-            "body": body.decode("latin-1"),
-        }
+
+    async def _call(self, call: str, arguments: dict[str, object]) -> Answer:
         try:
-            answer = await self._channel.request("control", timeout=30.0, request=forwarded)
+            found = await self._channel.request(
+                "control", timeout=FORWARD_TIMEOUT, call=call, args=arguments
+            )
         except (ChannelClosedError, TimeoutError):
-            answer = {"status": 503, "headers": [], "body": _UNAVAILABLE.decode("latin-1")}
-        await discard_body(scope, receive)
-        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer["headers"]]
-        if not any(k == b"content-type" for k, _ in headers):
-            headers.append((b"content-type", b"application/json"))
-        await send({"type": "http.response.start", "status": answer["status"], "headers": headers})
-        await send({"type": "http.response.body", "body": answer["body"].encode("latin-1")})
+            return _UNAVAILABLE
+        return _answer_from_wire(found)
 
 
-async def _read_capped(receive: Receive) -> bytes:
-    """The request body, but never more than one byte past the control plane's limit."""
-    body = bytearray()
-    while len(body) <= MAX_CONTROL_BODY_BYTES:
-        message: Message = await receive()
-        if message["type"] != "http.request":
-            break
-        body += message.get("body", b"")
-        if not message.get("more_body", False):
-            break
-    return bytes(body[: MAX_CONTROL_BODY_BYTES + 1])
+def _answer_from_wire(found: Mapping[str, Any]) -> Answer:
+    headers = {str(k).lower(): str(v) for k, v in found.get("headers", ())}
+    content_type = headers.pop("content-type", "application/json")
+    body = found.get("body")
+    encoded = body.encode() if isinstance(body, str) else orjson.dumps(body)
+    return Answer(int(found.get("status", 500)), encoded, content_type, tuple(headers.items()))
 
 
 # The supervisor's end.
 
 
+class _Worker(Protocol):
+    """What the answers need of a worker (the supervisor's handle on it)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def exited(self) -> asyncio.Event: ...
+    def command(self, op: str, **fields: Any) -> Awaitable[dict[str, Any]]: ...
+
+
+class _Generation(Protocol):
+    """What the answers need of a generation."""
+
+    @property
+    def controller(self) -> DrainController: ...
+    @property
+    def workers(self) -> Sequence[_Worker]: ...
+    def detail(self) -> dict[str, Any]: ...
+    def acknowledged(self) -> Awaitable[None]: ...
+
+
+#: A call's answer before it goes on the channel: status, body (a JSON value), extra headers.
+_Reply = tuple[int, object, list[tuple[str, str]]]
+
+
 @final
 class ForwardedControl:
-    """One generation's answers, in the supervisor, to the control requests its workers forward."""
+    """One generation's answers, in the supervisor, to the calls its workers hand on."""
 
     def __init__(
         self,
-        generation: Generation,
-        options: ServeOptions,
+        generation: _Generation,
         *,
         on_reload: Callable[[], int | None],
         handovers: HandoverLog,
     ) -> None:
         self._generation = generation
-        self._options = options
         self._on_reload = on_reload
         self._handovers = handovers
-        self._schedules: list[object] = []
-        controller = generation.controller
-        self.app = ControlApp(
-            drain=controller,
-            is_ready=lambda: not controller.active,
-            intake_closed=lambda: controller.active,
-            control_token=options.control_token,
-            schedules=lambda: self._schedules,
-            loopback_only=options.insecure_loopback_control,
-        )
+        self._calls: Mapping[str, Callable[[Mapping[str, object]], Awaitable[_Reply]]] = {
+            "drain.begin": self._begin,
+            "drain.status": self._status,
+            "drain.current": self._current,
+            "drain.rollback": self._rollback,
+            "schedules": self._schedules,
+            "metrics": self._metrics,
+            "reload": self._reload,
+            "handover": self._handover,
+        }
 
-    async def answer(self, forwarded: dict[str, Any]) -> dict[str, Any]:
-        """Answer a control path a worker's control plane forwarded, for the whole generation."""
-        if forwarded["path"].rstrip("/") == paths.RUNTIME_SUPERVISOR_RELOAD_PATH:
-            return self._reload(forwarded)
-        if forwarded["path"].rstrip("/") == paths.RUNTIME_SUPERVISOR_HANDOVER_PATH:
-            return self._handover(forwarded)
-        if forwarded["path"].rstrip("/") == paths.RUNTIME_METRICS_PATH:
-            return await self._metrics(forwarded)
+    async def answer(self, call: str, arguments: Mapping[str, object]) -> dict[str, Any]:
+        """The channel answer (``{"status", "headers", "body"}``) to one call from a worker."""
+        handler = self._calls.get(call)
+        try:
+            if handler is None:
+                raise ControlPathNotFoundError(detail=f"no generation-wide call {call!r}")
+            status, body, headers = await handler(arguments)
+        except LifecycleError as error:
+            refused = error_answer(error)
+            status, body = refused.status, orjson.loads(refused.body)
+            headers = list(refused.headers)
+        return {
+            "status": status,
+            "headers": [["cache-control", "no-store"], *map(list, headers)],
+            "body": body,
+        }
+
+    # The drain, for the whole generation.
+
+    async def _begin(self, arguments: Mapping[str, object]) -> _Reply:
+        accepted = self._generation.controller.begin(arguments.get("request"))
+        await self._generation.acknowledged()
+        return 202, accepted.model_dump(), []
+
+    async def _status(self, arguments: Mapping[str, object]) -> _Reply:
         await self._refresh()
-        status, headers, body = await _call_asgi(self.app, forwarded)
-        path = forwarded["path"].rstrip("/")
-        if path in (paths.RUNTIME_DRAIN_BEGIN_PATH, paths.RUNTIME_DRAIN_ROLLBACK_PATH):
-            await self._generation.acknowledged()
-        if status == 200 and path != paths.RUNTIME_SCHEDULES_STATUS_PATH:
-            document = orjson.loads(body)
-            document["detail"] = self._generation.detail()
-            body = orjson.dumps(document)
-            headers = [(k, v) for k, v in headers if k != "content-length"]
-        return {"status": status, "headers": headers, "body": body.decode("latin-1")}
+        return self._with_detail(self._generation.controller.status(_nonce(arguments)))
+
+    async def _current(self, arguments: Mapping[str, object]) -> _Reply:
+        await self._refresh()
+        return self._with_detail(self._generation.controller.current())
+
+    async def _rollback(self, arguments: Mapping[str, object]) -> _Reply:
+        status = self._generation.controller.rollback(_nonce(arguments))
+        await self._generation.acknowledged()
+        return self._with_detail(status)
+
+    def _with_detail(self, status: Any) -> _Reply:
+        document = status.model_dump(mode="json", exclude_none=True)
+        document["detail"] = self._generation.detail()
+        return 200, document, []
 
     async def _refresh(self) -> None:
-        """Fresh counters and schedules from every worker (bounded by the command timeout)."""
-        workers = self._generation.workers
-        answers = await asyncio.gather(
-            *(worker.command("schedules") for worker in workers),
-            *(worker.command("status") for worker in workers),
-        )
-        schedules: list[object] = []
-        for worker, answer in zip(workers, answers[: len(workers)], strict=True):
-            schedules.extend(
-                {**entry, "worker": worker.index, "pid": worker.pid}
-                for entry in answer.get("schedules", [])
-            )
-        self._schedules = schedules
+        """Fresh counters from every worker (each bounded by the command timeout)."""
+        await asyncio.gather(*(worker.command("status") for worker in self._live()))
 
-    async def _metrics(self, forwarded: dict[str, Any]) -> dict[str, Any]:
-        """``GET metrics`` (opt-in, no token): every worker's scrape, labelled with its worker."""
-        if forwarded["method"] not in ("GET", "HEAD"):
-            return _json_answer(
-                405, {"error": "RUNTIME_METHOD_NOT_ALLOWED"}, [("allow", "GET, HEAD")]
-            )
-        workers = [worker for worker in self._generation.workers if not worker.exited.is_set()]
+    def _live(self) -> list[_Worker]:
+        return [worker for worker in self._generation.workers if not worker.exited.is_set()]
+
+    # The rest of the generation-wide paths.
+
+    async def _schedules(self, arguments: Mapping[str, object]) -> _Reply:
+        workers = self._live()
+        answers = await asyncio.gather(*(worker.command("schedules") for worker in workers))
+        schedules = [
+            {**entry, "worker": worker.index, "pid": worker.pid}
+            for worker, answer in zip(workers, answers, strict=True)
+            for entry in answer.get("schedules", [])
+        ]
+        return 200, {"schedules": schedules}, []
+
+    async def _metrics(self, arguments: Mapping[str, object]) -> _Reply:
+        """Every worker's scrape, labelled with its worker (opt-in, no token)."""
+        workers = self._live()
         answers = await asyncio.gather(*(worker.command("metrics") for worker in workers))
         scraped = [
             ({"worker": str(worker.index), "pid": str(worker.pid)}, answer["text"].encode())
@@ -196,118 +219,39 @@ class ForwardedControl:
             if isinstance(answer.get("text"), str)
         ]
         if not scraped:  # the app serves no metrics: the path is unknown, as in one process
-            return _json_answer(404, {"error": "RUNTIME_NOT_FOUND"}, [])
+            raise ControlPathNotFoundError(detail="no such control path")
         from prometheus_client import CONTENT_TYPE_LATEST
 
         from ..metrics import merge_expositions
 
-        body = b"" if forwarded["method"] == "HEAD" else merge_expositions(scraped)
-        headers = [["content-type", CONTENT_TYPE_LATEST]]
-        return {"status": 200, "headers": headers, "body": body.decode("latin-1")}
+        text = "" if arguments.get("head") else merge_expositions(scraped).decode()
+        return 200, text, [("content-type", CONTENT_TYPE_LATEST)]
 
-    def _reload(self, forwarded: dict[str, Any]) -> dict[str, Any]:
-        """``POST supervisor/v1/reload`` (control token): begin a handover."""
-        refused = self._refused(forwarded, "POST")
-        if refused is not None:
-            return refused
+    async def _reload(self, arguments: Mapping[str, object]) -> _Reply:
         number = self._on_reload()
         if number is None:
-            detail = "a handover or the stop is running; try again once it is done"
-            return _json_answer(409, {"error": "RUNTIME_RELOAD_BUSY", "detail": detail}, [])
-        return _json_answer(202, ReloadAccepted(handover=number).model_dump(mode="json"), [])
+            raise ReloadBusyError(
+                detail="a handover or the stop is running; try again once it is done"
+            )
+        return 202, ReloadAccepted(handover=number).model_dump(mode="json"), []
 
-    def _handover(self, forwarded: dict[str, Any]) -> dict[str, Any]:
-        """``GET supervisor/v1/handover[?handover=N]`` (control token): how a handover went."""
-        refused = self._refused(forwarded, "GET")
-        if refused is not None:
-            return refused
-        wanted = parse_qs(forwarded["query"]).get("handover", [None])[-1]
-        number = int(wanted) if wanted and wanted.isascii() and wanted.isdigit() else None
-        handover = self._handovers.find(number) if wanted is None or number else None
+    async def _handover(self, arguments: Mapping[str, object]) -> _Reply:
+        number = arguments.get("number")
+        if number is not None and not isinstance(number, int):
+            raise DrainRequestInvalidError(detail="a handover number is a whole number")
+        handover = self._handovers.find(number)
         if handover is None:
             detail = (
                 "no handover has begun"
-                if wanted is None
+                if number is None
                 else "no handover with this number (give the number reload answered)"
             )
-            return _json_answer(404, {"error": "RUNTIME_NOT_FOUND", "detail": detail}, [])
-        return _json_answer(200, handover.wire(), [])
-
-    def _refused(self, forwarded: dict[str, Any], method: str) -> dict[str, Any] | None:
-        """The answer for a wrong method or a missing control token, else None."""
-        if forwarded["method"] != method:
-            return _json_answer(405, {"error": "RUNTIME_METHOD_NOT_ALLOWED"}, [("allow", method)])
-        headers = {k.lower(): v for k, v in forwarded["headers"]}
-        token = self._options.control_token
-        if _authorized(headers.get("authorization", ""), token) or (
-            token is None
-            and self._options.insecure_loopback_control
-            and forwarded["client"] in ("127.0.0.1", "::1")
-        ):
-            return None
-        return _json_answer(
-            401, {"error": "RUNTIME_UNAUTHORIZED"}, [("www-authenticate", "Bearer")]
-        )
+            raise ControlPathNotFoundError(detail=detail)
+        return 200, handover.wire(), []
 
 
-def _authorized(header: str, token: str | None) -> bool:
-    scheme, _, presented = header.partition(" ")
-    if token is None or scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(presented.encode(), token.encode())
-
-
-async def _call_asgi(
-    app: ControlApp, forwarded: dict[str, Any]
-) -> tuple[int, list[tuple[str, str]], bytes]:
-    """Run one forwarded request through ``app`` in this process."""
-    body = forwarded["body"].encode("latin-1")
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": forwarded["method"],
-        "scheme": "http",
-        "path": forwarded["path"],
-        "raw_path": forwarded["path"].encode("latin-1"),
-        "root_path": "",
-        "query_string": forwarded["query"].encode("latin-1"),
-        "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in forwarded["headers"]],
-        "client": (forwarded["client"], 0),
-        "server": None,
-    }
-    delivered = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal delivered
-        if delivered:
-            return {"type": "http.disconnect"}
-        delivered = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    start: dict[str, Any] = {}
-    chunks: list[bytes] = []
-
-    async def send(message: MutableMapping[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            start.update(message)
-        elif message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-
-    await app(scope, receive, send)
-    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in start.get("headers", [])]
-    return int(start.get("status", 500)), headers, b"".join(chunks)
-
-
-def _json_answer(
-    status: int, body: dict[str, object], headers: list[tuple[str, str]]
-) -> dict[str, Any]:
-    return {
-        "status": status,
-        "headers": [
-            ["content-type", "application/json"],
-            ["cache-control", "no-store"],
-            *map(list, headers),
-        ],
-        "body": orjson.dumps(body).decode("latin-1"),
-    }
+def _nonce(arguments: Mapping[str, object]) -> str:
+    nonce = arguments.get("nonce")
+    if not isinstance(nonce, str):
+        raise DrainNotFoundError(detail="the nonce query parameter is required")
+    return nonce

@@ -3,11 +3,15 @@
 The generation owns a :class:`~forgezero_lifecycle.core.drain.DrainController` whose dependencies
 fan out to the workers over their private channels: ``begin`` reaches every worker's own runtime
 in the same instant with the same request (nonce, revisions, ``timeoutMs``), and the controller
-races the same deadline. The public control plane of any worker forwards the drain paths to
-the generation, which answers them with the single-process control plane (:mod:`.forwarding`).
-Status aggregates: counters are the sums over the workers, ``drained`` only once every worker drained,
-``failed`` as soon as one failed or died (``detail.workers`` says which), and rollback rolls
-back every worker.
+races the same deadline. The public control plane of any worker forwards the drain paths to the
+supervisor, which answers them for the generation through the ``answer`` callback it gave
+(:mod:`.forwarding` builds it over this generation). Status aggregates: counters are the sums
+over the workers, ``drained`` only once every worker drained, ``failed`` as soon as one failed or
+died (``detail.workers`` says which), and rollback rolls back every worker.
+
+What the generation's workers and drain do is reported to the supervisor through callbacks
+(``on_ready``, ``on_exit``, ``on_drain``); what to do about it is decided by
+:class:`~forgezero_lifecycle.serve.machine.SupervisorMachine`, never here.
 """
 
 from __future__ import annotations
@@ -15,23 +19,31 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import signal
+import secrets
 import socket
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, final
+from typing import Any, Literal, final
 
 from .._errors import DrainFailedError
 from ..core.drain import DrainController
-from ..wire.accepted import Accepted
-from ..wire.drain import DrainRequest, WorkCounters
-from .forwarding import ForwardedControl
-from .handovers import HandoverLog
+from ..core.self_drain import UNKNOWN_REVISION
+from ..wire.drain import (
+    DRAIN_PROTOCOL,
+    MAX_DRAIN_TIMEOUT_MS,
+    MIN_DRAIN_TIMEOUT_MS,
+    DrainRequest,
+    WorkCounters,
+)
+from .messages import COUNTER_KINDS
 from .options import ServeOptions
-from .process import COUNTER_KINDS, StartFailedError, WorkerProcess
+from .worker_handle import Answer, WorkerHandle
 
-__all__ = ["Generation"]
+__all__ = ["DrainHook", "Generation"]
 
 logger = logging.getLogger("forgezero_lifecycle.serve.supervisor")
+
+#: ``on_drain(generation, "begun" | "rolled-back")``.
+DrainHook = Callable[[int, Literal["begun", "rolled-back"]], None]
 
 
 @final
@@ -45,9 +57,9 @@ class Generation:
         app: str,
         options: ServeOptions,
         listeners: Sequence[socket.socket],
-        on_lost: Callable[[WorkerProcess], None],
-        on_reload: Callable[[], int | None],
-        handovers: HandoverLog,
+        on_ready: Callable[[WorkerHandle], None],
+        on_exit: Callable[[WorkerHandle], None],
+        on_drain: DrainHook,
     ) -> None:
         assert options.workers is not None
         self.number = number
@@ -55,13 +67,15 @@ class Generation:
         self._app = app
         self._options = options
         self._listeners = listeners
-        self._on_lost = on_lost
-        self.workers = [WorkerProcess(self, index) for index in range(options.workers)]
-        self.retired = False
+        self._on_ready = on_ready
+        self._on_exit = on_exit
+        self._on_drain = on_drain
+        self._answer: Answer | None = None
+        self.workers: list[WorkerHandle] = []
         self._changed = asyncio.Event()
-        self._acks: list[tuple[WorkerProcess, asyncio.Future[dict[str, Any]]]] = []
+        self._acks: list[tuple[WorkerHandle, asyncio.Future[dict[str, Any]]]] = []
+        self._nonce: str | None = None
         self.controller = DrainController(_FanOut(self), revision=self.revision)
-        self.forwarded = ForwardedControl(self, options, on_reload=on_reload, handovers=handovers)
 
     def __repr__(self) -> str:
         return f"generation {self.number}"
@@ -70,10 +84,29 @@ class Generation:
     def pids(self) -> list[int | None]:
         return [worker.pid for worker in self.workers]
 
-    def changed(self) -> None:
+    def connect(self, answer: Answer) -> None:
+        """Where the control calls the workers forward go (set once, before any worker)."""
+        self._answer = answer
+
+    def changed(self, _: WorkerHandle | None = None) -> None:
         self._changed.set()
 
-    def _config(self, worker: WorkerProcess) -> dict[str, Any]:
+    def _handle(self, index: int) -> WorkerHandle:
+        assert self._answer is not None, "connect() the generation before its workers start"
+        return WorkerHandle(
+            index,
+            self.number,
+            answer=self._answer,
+            on_ready=self._on_ready,
+            on_report=self.changed,
+            on_exit=self._exited,
+        )
+
+    def _exited(self, worker: WorkerHandle) -> None:
+        self.changed()
+        self._on_exit(worker)
+
+    def _config(self, worker: WorkerHandle) -> dict[str, Any]:
         return {
             "app": self._app,
             "options": dataclasses.asdict(self._options),
@@ -81,67 +114,45 @@ class Generation:
             "generation": self.number,
         }
 
-    async def start(self) -> None:
-        """Start every worker; raise :class:`StartFailedError` unless all are ready in time."""
-        await asyncio.gather(*(self.start_worker(worker) for worker in self.workers))
+    def prepare(self) -> None:
+        """A handle for each worker, none started yet."""
+        assert self._options.workers is not None
+        self.workers = [self._handle(index) for index in range(self._options.workers)]
+
+    async def start_worker(self, index: int) -> WorkerHandle:
+        """Start worker ``index`` (a fresh process in its place); it reports ready or exits."""
+        if self.workers[index].process is not None:
+            self.workers[index] = self._handle(index)
+        worker = self.workers[index]
+        await worker.spawn(self._listeners, self._config(worker))
+        return worker
+
+    def ready(self) -> None:
+        """Every worker is ready: take the revision they agree on."""
         reported = {worker.revision for worker in self.workers}
         if self.controller.revision is None and len(reported) == 1:
             self.controller.revision = self.revision = reported.pop()
         elif len(reported) > 1:
             logger.warning("supervisor.revisions_differ %r: %s", self, sorted(map(str, reported)))
 
-    async def start_worker(self, worker: WorkerProcess) -> None:
-        await worker.spawn(self._listeners, self._config(worker))
-        ready = asyncio.ensure_future(worker.ready.wait())
-        gone = asyncio.ensure_future(worker.exited.wait())
-        try:
-            await asyncio.wait(
-                (ready, gone),
-                timeout=self._options.start_timeout,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        finally:
-            ready.cancel()
-            gone.cancel()
-        if worker.ready.is_set() and not worker.exited.is_set():
-            logger.info("supervisor.worker_ready %s", worker.name)
-            return
-        if worker.exited.is_set():
-            why = f"exited ({worker.exit_reason}) before it was ready"
-        elif worker.state == "failed":
-            why = "failed to start"
-        else:
-            why = f"was not ready within {self._options.start_timeout:g} s"
-        if worker.detail:
-            why += f": {worker.detail}"
-        raise StartFailedError(f"{worker.name} {why}")
-
-    def worker_exited(self, worker: WorkerProcess) -> None:
-        self.changed()
-        if worker.stopping or self.retired:
-            logger.info("supervisor.worker_exited %s reason=%s", worker.name, worker.exit_reason)
-            return
-        if worker.ready.is_set() and not self.controller.active:
-            self._on_lost(worker)
-        else:
-            logger.error("supervisor.worker_died %s reason=%s", worker.name, worker.exit_reason)
-
-    def replace(self, lost: WorkerProcess) -> WorkerProcess:
-        """A fresh worker in ``lost``'s place (the caller starts it)."""
-        fresh = WorkerProcess(self, lost.index)
-        self.workers[lost.index] = fresh
-        return fresh
-
     # The drain, for the whole generation.
 
-    @property
-    def request(self) -> DrainRequest | None:
-        """The drain request the controller holds (the one being begun, during ``begin``)."""
-        return self.controller._request
-
-    def begin(self, request: dict[str, Any]) -> Accepted:
-        """Begin (or acknowledge a retry of) the generation's drain; the controller validates."""
-        return self.controller.begin(request)
+    def begin_drain(self, timeout: float, *, target: str | None) -> bool:
+        """Begin the generation's drain under ``timeout``; False when one is running already."""
+        if self.controller.active:
+            logger.info("supervisor.following_drain generation=%d", self.number)
+            return False
+        timeout_ms = min(MAX_DRAIN_TIMEOUT_MS, max(MIN_DRAIN_TIMEOUT_MS, round(timeout * 1000)))
+        self.controller.begin(
+            {
+                "protocol": DRAIN_PROTOCOL,
+                "nonce": secrets.token_urlsafe(32),
+                "sourceRevision": self.revision or UNKNOWN_REVISION,
+                "targetRevision": target or UNKNOWN_REVISION,
+                "timeoutMs": timeout_ms,
+            }
+        )
+        return True
 
     def fan_out(self, op: str, **fields: Any) -> None:
         self._acks = [
@@ -157,20 +168,19 @@ class Generation:
         for (worker, _), answer in zip(acks, answers, strict=True):
             if "error" in answer and answer["error"] != "RUNTIME_WORKER_GONE":
                 logger.error("supervisor.command_refused %s code=%s", worker.name, answer["error"])
-                if worker.state == "draining":  # a refused begin: this worker will not drain
-                    worker.state, worker.failure = "failed", answer["error"]
-                    self.changed()
+                worker.drain_refused(str(answer["error"]))
+                self.changed()
 
     async def wait_drained(self) -> None:
         """Return once every worker drained; raise as soon as one failed or died."""
         while True:
             self._changed.clear()
             for worker in self.workers:
-                if worker.state == "failed" or (
-                    worker.exited.is_set() and worker.state != "drained"
+                if worker.report == "failed" or (
+                    worker.exited.is_set() and worker.report != "drained"
                 ):
                     raise DrainFailedError("RUNTIME_DRAIN_FAILED", detail=f"{worker.name} failed")
-            if all(worker.state == "drained" for worker in self.workers):
+            if all(worker.report == "drained" for worker in self.workers):
                 return
             await self._changed.wait()
 
@@ -188,33 +198,34 @@ class Generation:
             "generation": self.number,
             "workers": [worker.summary() for worker in self.workers],
         }
-        failed = [w.index for w in self.workers if w.state == "failed" or w.exited.is_set()]
+        failed = [w.index for w in self.workers if w.report == "failed" or w.exited.is_set()]
         if failed and self.controller.active:
             found["failedWorkers"] = failed
         return found
 
-    # Stopping.
-
-    async def stop(self, bound: float, *, force: bool = False) -> None:
-        """Ask every worker to stop, wait (bounded), kill what is left; never raises."""
-        self.retired = True
-        for worker in self.workers:
-            worker.stopping = True
-        await asyncio.gather(
-            *(worker.command("stop", force=force) for worker in self.workers),
-            return_exceptions=True,
+    def _drain_requests(self) -> None:
+        status = self.controller.current()  # the drain being begun
+        request = DrainRequest.model_validate(
+            status.model_dump(by_alias=True, include=set(DrainRequest.model_fields))
         )
-        waits = [asyncio.ensure_future(w.exited.wait()) for w in self.workers]
-        _, pending = await asyncio.wait(waits, timeout=bound)
-        for waiting in pending:
-            waiting.cancel()
+        self._nonce = request.nonce
         for worker in self.workers:
-            if not worker.exited.is_set():
-                logger.error(
-                    "supervisor.worker_killed %s: not stopped within %.1f s", worker.name, bound
-                )
-                worker.signal(signal.SIGKILL)
-        await asyncio.gather(*(w.exited.wait() for w in self.workers if w.process is not None))
+            worker.drain_begun(request.nonce)
+        self.fan_out("begin", request=request.model_dump(by_alias=True))
+        logger.info(
+            "supervisor.drain_begin generation=%d workers=%d nonce=%s",
+            self.number,
+            len(self.workers),
+            request.nonce[:8],
+        )
+        self._on_drain(self.number, "begun")
+
+    def _resume(self) -> None:
+        for worker in self.workers:
+            worker.rolled_back()
+        assert self._nonce is not None
+        self.fan_out("rollback", nonce=self._nonce)
+        self._on_drain(self.number, "rolled-back")
 
 
 @final
@@ -227,18 +238,7 @@ class _FanOut:
         self._generation = generation
 
     def drain_requests(self) -> None:
-        generation = self._generation
-        assert generation.request is not None
-        request = generation.request.model_dump(by_alias=True)
-        for worker in generation.workers:
-            worker.state = "draining"
-        generation.fan_out("begin", request=request)
-        logger.info(
-            "supervisor.drain_begin generation=%d workers=%d nonce=%s",
-            generation.number,
-            len(generation.workers),
-            generation.request.nonce[:8],
-        )
+        self._generation._drain_requests()
 
     def wait_for_requests(self) -> Coroutine[Any, Any, None]:
         return self._generation.wait_drained()
@@ -253,12 +253,7 @@ class _FanOut:
         return asyncio.sleep(ms / 1000)
 
     def resume(self) -> None:
-        generation = self._generation
-        assert generation.request is not None
-        for worker in generation.workers:
-            if not worker.exited.is_set():
-                worker.state = "ready"
-        generation.fan_out("rollback", nonce=generation.request.nonce)
+        self._generation._resume()
 
 
 async def _nothing() -> None:

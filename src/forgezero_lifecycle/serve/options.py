@@ -13,19 +13,21 @@ from typing import Final, final
 
 from .._errors import ConfigurationError
 from .._tokens import read_token
+from ..wire._protocol import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS
 from ..wire._types import is_revision
 
 __all__ = [
     "ServeOptions",
     "add_arguments",
     "options_from_args",
+    "parse_deadline",
     "parse_duration",
     "parse_revision",
     "read_revision",
 ]
 
-_DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m)?")
-_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
+_DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)?")
+_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
 @final
@@ -60,14 +62,44 @@ class ServeOptions:
     revision_command: str | None = None
     start_timeout: float = 30.0
     handover_grace: float = 1.0
+    #: Ends every log line of this process (a supervisor's worker: ``worker=0 generation=1``).
+    log_label: str = ""
+
+    def __post_init__(self) -> None:
+        problem = deadline_problem(self.drain_timeout)
+        if problem is not None:
+            raise ConfigurationError(detail=f"drain_timeout={self.drain_timeout:g} s is {problem}")
 
 
 def parse_duration(text: str) -> float:
-    """``30s``, ``500ms``, ``2m`` or plain seconds, as seconds (an argparse ``type``)."""
+    """``30s``, ``500ms``, ``2m``, ``1h`` or plain seconds, as seconds (an argparse ``type``)."""
     match = _DURATION.fullmatch(text.strip())
     if match is None:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 30s, 500ms or 2m)")
     return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_deadline(text: str) -> float:
+    """A drain's (or a handoff's) deadline: a duration from 100ms to 10m (an argparse ``type``).
+
+    The wire protocol's ``timeoutMs`` bounds, checked when the flag is read rather than when a
+    drain begins (which would clamp it, or refuse it only once a signal came).
+    """
+    seconds = parse_duration(text)
+    problem = deadline_problem(seconds)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{text!r} is {problem}")
+    return seconds
+
+
+def deadline_problem(seconds: float) -> str | None:
+    """Why ``seconds`` cannot be a deadline (too short, too long), or None."""
+    milliseconds = round(seconds * 1000)
+    if milliseconds < MIN_DRAIN_TIMEOUT_MS:
+        return f"too short: a deadline is at least {MIN_DRAIN_TIMEOUT_MS}ms"
+    if milliseconds > MAX_DRAIN_TIMEOUT_MS:
+        return f"too long: a deadline is at most {MAX_DRAIN_TIMEOUT_MS // 60_000}m"
+    return None
 
 
 def parse_revision(text: str) -> str:
@@ -112,10 +144,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--drain-timeout",
-        type=parse_duration,
+        type=parse_deadline,
         default=30.0,
         metavar="DURATION",
-        help="the self-drain's deadline (default 30s); uvicorn's graceful timeout is above it",
+        help="the self-drain's deadline, 100ms to 10m (default 30s); uvicorn's graceful "
+        "timeout is above it",
     )
     add(
         "--not-ready-grace",

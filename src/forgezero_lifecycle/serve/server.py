@@ -21,10 +21,11 @@ from ..asgi._types import ASGIApp
 from ..core.gate import DrainMoment
 from ..core.self_drain import self_drain
 from ..runtime import Runtime
+from ..stop import _uvicorn
+from ..stop.connections import ConnectionStop, zero_loss_protocol
+from ..stop.server import ZeroLossServer, cut_connections
 from ..wire.drain import DrainState
-from .connections import ConnectionStop, zero_loss_protocol
 from .options import ServeOptions
-from .sockets import ListeningSocket, accept_queue_length, refuse_new_connections
 
 __all__ = ["drain_then_stop", "find_runtime", "log_config", "serve_app"]
 
@@ -32,10 +33,6 @@ logger = logging.getLogger("forgezero_lifecycle.serve")
 
 #: uvicorn's own graceful shutdown waits this much longer than the drain deadline.
 SHUTDOWN_MARGIN: Final = 5.0
-#: Pause between readings of a closing listener's accept queue.
-HANDSHAKE_SETTLE: Final = 0.1
-#: The longest the stop keeps accepting what is queued before it closes the listener anyway.
-ACCEPT_QUEUE_TIMEOUT: Final = 2.0
 
 
 def find_runtime(app: object) -> Runtime | None:
@@ -77,12 +74,13 @@ async def serve_app(
         ws=options.ws,
         root_path=options.root_path,
         log_level=options.log_level,
-        log_config=log_config(options.log_level),
+        log_config=log_config(options.log_level, options.log_label),
         access_log=options.access_log,
         lifespan="auto",
         timeout_graceful_shutdown=math.ceil(options.drain_timeout + SHUTDOWN_MARGIN),
     )
     server = _Server(config, stop, shared_listener=shared_listener)  # logging is set up now
+    _uvicorn.check(server)  # what the stop relies on of uvicorn, before anything starts
     runtime.signal_drain.disable()  # the handlers below turn signals into the drain instead
     if on_server is not None:
         on_server(server)
@@ -103,20 +101,20 @@ async def serve_app(
             drain = loop.create_task(drain_then_stop(runtime, options.drain_timeout, server))
         else:
             logger.warning("serve.forced signal=%s: stopping now", name)
-            server.force_exit = True
-            server.should_exit = True
+            server.force()
 
     runtime.gate.watch(_close_after_responses(server))
     handled = (signal.SIGTERM, signal.SIGINT)
     for signum in handled:
         loop.add_signal_handler(signum, on_signal, signum)
+    loop.add_signal_handler(signal.SIGHUP, _ignore_hangup, shared_listener)
     try:
         await server.serve(sockets=None if sockets is None else list(sockets))
     except SystemExit as exit_:  # uvicorn exits when it cannot start (port in use, lifespan)
         logger.error("serve.start_failed code=%s", exit_.code)
         return 1
     finally:
-        for signum in handled:
+        for signum in (*handled, signal.SIGHUP):
             loop.remove_signal_handler(signum)
     if drain is None:
         return 0 if server.started else 1
@@ -148,6 +146,18 @@ async def drain_then_stop(
     return state
 
 
+def _ignore_hangup(shared_listener: bool) -> None:
+    """SIGHUP to one serving process: logged and ignored (its default action would exit at once,
+    cutting every request in flight)."""
+    if shared_listener:
+        logger.info("serve.sighup_ignored: the supervisor hands over; send SIGHUP to it")
+    else:
+        logger.warning(
+            "serve.sighup_ignored: one process cannot hand over to itself; run "
+            "`forgezero-lifecycle serve APP --workers N` to hand over on SIGHUP"
+        )
+
+
 def _close_after_responses(server: uvicorn.Server) -> Callable[[DrainMoment], None]:
     """At each drain's first instant, before anything else runs, close every connection once
     its current response ends (a gate watcher: synchronous, so no response slips through).
@@ -169,76 +179,27 @@ def _close_after_responses(server: uvicorn.Server) -> Callable[[DrainMoment], No
 
 
 @final
-class _Server(uvicorn.Server):
-    """uvicorn with a stop that loses nothing at the socket.
+class _Server(ZeroLossServer):
+    """uvicorn with a stop that loses nothing at the socket (:mod:`forgezero_lifecycle.stop`).
 
-    Signals are :func:`serve_app`'s (it installs the handlers). The stop, once the drain has
-    settled:
-
-    1. an own listener refuses new handshakes (``sockets.refuse_new_connections``) and is
-       accepted from until its accept queue is empty, then closed; a shared listener (other
-       processes accept on it) is only no longer accepted from, and keeps its queue;
-    2. every connection gets the first-byte grace or closes after its response
-       (``connections.ConnectionStop``), each closed the lingering way;
-    3. then uvicorn's own wait for connections and tasks, and the lifespan shutdown.
+    Signals are :func:`serve_app`'s (it installs the handlers); the stop, once the drain has
+    settled, is :func:`~forgezero_lifecycle.stop.server.zero_loss_shutdown`.
     """
-
-    def __init__(self, config: uvicorn.Config, stop: ConnectionStop, *, shared_listener: bool):
-        super().__init__(config)
-        self._stop = stop
-        self._shared_listener = shared_listener
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
 
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        listeners = [sock for server in self.servers for sock in server.sockets]
-        if not self._shared_listener:
-            await _take_what_is_queued(listeners)
-        for server in self.servers:
-            server.close()
-        for sock in sockets or ():
-            sock.close()
-        logger.info(
-            "serve.stopping connections=%d first_byte_grace=%.2f",
-            len(self.server_state.connections),
-            self._stop.first_byte_grace,
-        )
-        self._stop.begin(self.server_state.connections)
-        try:
-            await asyncio.wait_for(
-                self._wait_tasks_to_complete(), timeout=self.config.timeout_graceful_shutdown
-            )
-        except TimeoutError:
-            logger.error("serve.cancelled tasks=%d", len(self.server_state.tasks))
-            for task in self.server_state.tasks:
-                task.cancel(msg="the graceful shutdown's timeout is over")
-        await self._stop.wait_lingering()
-        if not self.force_exit:
-            await self.lifespan.shutdown()
+    def force(self) -> None:
+        """Stop now: no wait for requests or the lifespan, and every open connection is cut.
 
-
-async def _take_what_is_queued(listeners: Sequence[ListeningSocket]) -> None:
-    """Refuse new handshakes, then let the loop accept until every accept queue is empty."""
-    if not all([refuse_new_connections(sock) for sock in listeners]):
-        logger.warning(
-            "serve.no_syn_filter: this platform cannot refuse new handshakes on a listener; "
-            "connections still queued when it closes are reset"
-        )
-        return
-    loop = asyncio.get_running_loop()
-    give_up_at = loop.time() + ACCEPT_QUEUE_TIMEOUT
-    # The kernel offers no notification of an empty accept queue, so it is read after each
-    # settle: a handshake under way when the filter was attached completes within one round trip.
-    while True:
-        await asyncio.sleep(HANDSHAKE_SETTLE)
-        queued = sum(accept_queue_length(sock) or 0 for sock in listeners)
-        if queued == 0:
-            return
-        if loop.time() > give_up_at:
-            logger.warning("serve.accept_queue_not_empty queued=%d", queued)
-            return
+        uvicorn's stop ends by awaiting ``asyncio.Server.wait_closed``, which waits until every
+        connection has closed (as documented; before Python 3.12.1 it returned at once), so a
+        connection left open would hold the forced stop for as long as its request runs.
+        """
+        self.force_exit = True
+        self.should_exit = True
+        cut_connections(self)
 
 
 def _http_protocol(http: str) -> type[asyncio.Protocol]:
@@ -249,9 +210,16 @@ def _http_protocol(http: str) -> type[asyncio.Protocol]:
     return cls
 
 
-def log_config(level: str) -> dict[str, Any]:
-    """uvicorn's logging config plus the library's loggers on uvicorn's default handler."""
+def log_config(level: str, label: str = "") -> dict[str, Any]:
+    """uvicorn's logging config plus the library's loggers on uvicorn's default handler.
+
+    ``label`` ends every line (``worker=0 generation=1`` in a worker of ``serve --workers``):
+    each worker and the supervisor log the same events, and a reader must tell them apart.
+    """
     config = copy.deepcopy(LOGGING_CONFIG)
+    if label:
+        for formatter in config["formatters"].values():
+            formatter["fmt"] += f" {label}"
     config["loggers"]["forgezero_lifecycle"] = {
         "handlers": ["default"],
         "level": level.upper(),

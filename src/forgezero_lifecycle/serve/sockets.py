@@ -1,101 +1,13 @@
-"""Listening sockets at the end of their life: refuse new handshakes, see what is still queued.
+"""The stop of a listening socket, where ``serve`` has always offered it.
 
-Closing a listening socket resets every connection still waiting in its accept queue: the client
-has completed its handshake, may have sent its request, and then meets a reset it cannot tell
-from a crash. The stop therefore goes in three steps (``serve/server.py``):
-
-1. :func:`refuse_new_connections` attaches a classic BPF socket filter that drops every new SYN
-   while letting the rest through, so handshakes already under way still complete and new
-   clients retransmit their SYN (after about a second, RFC 6298 §2) instead of being accepted;
-2. the server keeps accepting until :func:`accept_queue_length` says the queue is empty, and
-   answers what it took;
-3. only then is the listener closed: the clients' retransmitted SYNs meet a closed port and get
-   "connection refused", which any client may retry because nothing was sent.
-
-Both helpers are Linux-only (``SO_ATTACH_FILTER``, ``TCP_INFO`` of a listener); elsewhere they
-report that they cannot help, and the stop closes the listener as every other server does.
+The helpers live in :mod:`forgezero_lifecycle.stop.sockets`, where the runtime's signal hook under
+a server the user runs can use them too; this module keeps their old import path.
 """
 
 from __future__ import annotations
 
-import ctypes
-import socket
-import struct
-import sys
-from typing import Final, Protocol
+from ..stop.sockets import ListeningSocket as ListeningSocket
+from ..stop.sockets import accept_queue_length as accept_queue_length
+from ..stop.sockets import refuse_new_connections as refuse_new_connections
 
-__all__ = ["accept_queue_length", "refuse_new_connections"]
-
-_SO_ATTACH_FILTER: Final = 26
-#: ``struct tcp_info``: eight one-byte fields, then ``tcpi_rto, ato, snd_mss, rcv_mss, unacked``.
-#: For a listening socket the kernel reports its accept queue's length in ``tcpi_unacked``.
-_TCPI_UNACKED_OFFSET: Final = 24
-_TCP_INFO_SIZE: Final = 104
-
-# A classic BPF program run on each segment the listener receives, at the TCP header:
-#   ldb [13]                 the flags byte
-#   jset #0x10, accept       ACK set: a handshake being completed, or data
-#   jset #0x02, drop         SYN without ACK: a new connection
-#   accept
-_BPF_LD_B_ABS: Final = 0x30
-_BPF_JSET_K: Final = 0x45
-_BPF_RET_K: Final = 0x06
-_TCP_FLAGS_OFFSET: Final = 13
-_TCP_ACK: Final = 0x10
-_TCP_SYN: Final = 0x02
-_DROP_NEW_SYNS: Final = (
-    (_BPF_LD_B_ABS, 0, 0, _TCP_FLAGS_OFFSET),
-    (_BPF_JSET_K, 2, 0, _TCP_ACK),
-    (_BPF_JSET_K, 0, 1, _TCP_SYN),
-    (_BPF_RET_K, 0, 0, 0),
-    (_BPF_RET_K, 0, 0, 0xFFFFFFFF),
-)
-_PROGRAM: Final = ctypes.create_string_buffer(
-    b"".join(struct.pack("HBBI", *instruction) for instruction in _DROP_NEW_SYNS)
-)
-#: ``struct sock_fprog``: the instruction count, then a pointer to the program (kept alive above).
-_FPROG: Final = struct.pack("HL", len(_DROP_NEW_SYNS), ctypes.addressof(_PROGRAM))
-
-
-class ListeningSocket(Protocol):
-    """What the helpers need of a socket: ``socket.socket`` and asyncio's ``TransportSocket``."""
-
-    @property
-    def family(self) -> int: ...
-
-    def getsockopt(self, level: int, option: int, buffersize: int, /) -> bytes: ...
-
-    def setsockopt(self, level: int, option: int, value: bytes, /) -> None: ...
-
-
-def _is_tcp(sock: ListeningSocket) -> bool:
-    return sys.platform == "linux" and sock.family in (socket.AF_INET, socket.AF_INET6)
-
-
-def refuse_new_connections(sock: ListeningSocket) -> bool:
-    """Drop new SYNs to ``sock`` from now on (handshakes under way still complete).
-
-    Returns False where the platform or the socket's family cannot do it. Affects the kernel
-    socket, so every process that holds it: use it only on a listener nobody else serves.
-    """
-    if not _is_tcp(sock):
-        return False
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, _FPROG)
-    except OSError:
-        return False
-    return True
-
-
-def accept_queue_length(sock: ListeningSocket) -> int | None:
-    """Connections that completed their handshake and wait to be accepted, or None if unknown."""
-    if not _is_tcp(sock):
-        return None
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
-    except OSError:
-        return None
-    if len(info) < _TCPI_UNACKED_OFFSET + 4:
-        return None
-    (queued,) = struct.unpack_from("I", info, _TCPI_UNACKED_OFFSET)
-    return int(queued)
+__all__ = ["ListeningSocket", "accept_queue_length", "refuse_new_connections"]

@@ -6,73 +6,85 @@
       ├── generation g   : worker 0..N-1  (fresh processes, private channels)
       └── generation g+1 : started on SIGHUP or `forgezero-lifecycle reload`, same socket
 
+What to do is decided by :class:`~forgezero_lifecycle.serve.machine.SupervisorMachine` (its
+module docstring has the table of every state and event); this module only turns signals,
+process exits, channel reports and timers into its events and carries out its actions.
+
 * **Start**: every worker of generation 1 must report ready within ``--start-timeout``, or the
-  supervisor stops them and exits 1, saying which worker failed and why.
+  supervisor stops them and exits 1, saying which worker failed and why. No worker accepts on
+  the shared socket before all of them are ready: until then connections wait in the kernel's
+  accept queue (so the first ready worker does not take a whole burst of keep-alive clients).
 * **One drain**: a drain begun through any worker's control plane, or by SIGTERM/SIGINT to the
   supervisor, reaches every worker of the generation at once (:mod:`.generation`).
-* **Stop** (SIGTERM/SIGINT): drain the current generation (or follow a drain an orchestrator
-  began), then refuse new connections at the socket, wait (bounded) until the workers have
-  accepted everything queued, stop the workers and close the socket. Exit 0 when drained, 1
-  otherwise; a second signal forces the stop.
+* **Stop** (SIGTERM/SIGINT): drain every generation that accepted work (during a handover g and
+  g+1 alike), all begun at once under one deadline (or follow a drain an orchestrator began),
+  then refuse new connections at the socket, wait (bounded) until the workers have accepted
+  everything queued, stop the workers and close the socket. Exit 0 only when every one drained,
+  1 otherwise; a second signal forces the stop.
 * **Handover** (SIGHUP): start generation g+1 on the same socket with the revision read now
   (``--revision-file`` / ``--revision-command``); if any of its workers fails to start or is not
-  ready in time, stop it and keep g serving untouched. Otherwise g's workers stop accepting and
-  close their keep-alive connections (each after its response in flight), and after
-  ``--handover-grace`` g is drained (its jobs released under their fences) and stopped. One
-  handover at a time: a SIGHUP during one is refused and logged.
-* **Workers that die** while their generation serves are replaced (logged with the exit reason);
-  a worker dying during a drain fails that drain.
+  ready in time, stop g+1 (whose workers never accepted) and keep g serving untouched.
+  Otherwise g+1 accepts, then g's workers stop accepting and close their keep-alive connections
+  (each after its response in flight), and after ``--handover-grace`` g is drained (its jobs
+  released under their fences) and stopped. One handover at a time: a SIGHUP during one is
+  refused and logged.
+* **Workers that die** while their generation accepts are replaced (logged with the exit
+  reason); never into a generation that stopped accepting. A worker dying during a drain fails
+  that drain.
+
+Every task the supervisor starts (timers, the watch on each worker process, the state transfer)
+belongs to the task group :meth:`Supervisor.run` opens: one that fails ends the supervisor with
+its error, and no worker outlives it, instead of the failure going unseen while the machine
+waits for an event that task would have reported.
 
 A worker notices when the supervisor is gone (end of file on its channel, parent-death signal)
 and stops, so nothing is left running even after SIGKILL of the supervisor.
 
 State (when the app has a state adapter): worker k of g hands its state to worker k of g+1 once
-g is drained (:mod:`.handoff`); a handover whose state cannot be handed over is refused before g
-is touched.
+g is drained (:mod:`.state_transfer`); a handover whose state cannot be handed over is refused
+before g is touched.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import logging.config
-import secrets
 import signal
 import time
 from collections.abc import Coroutine, Sequence
-from typing import Any, Final, TypeVar, final
+from typing import Any, Final, Literal, final
 
 from .._errors import ConfigurationError
-from ..core.self_drain import UNKNOWN_REVISION
-from ..wire.drain import DRAIN_PROTOCOL, MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainState
+from . import machine as m
+from .forwarding import ForwardedControl
 from .generation import Generation
-from .handoff import hand_state_over, state_refusal
 from .handovers import Handover, HandoverLog
 from .listeners import Listener, held_listeners
 from .options import ServeOptions, read_revision
-from .process import StartFailedError, WorkerProcess
 from .server import SHUTDOWN_MARGIN, log_config
 from .sockets import accept_queue_length, refuse_new_connections
+from .state_transfer import hand_state_over
+from .worker_handle import WorkerHandle
 
 __all__ = ["Supervisor", "run_supervisor"]
 
 logger = logging.getLogger("forgezero_lifecycle.serve.supervisor")
 
-T = TypeVar("T")
 
 #: How long the stop waits for the workers to accept what the socket had queued.
 QUEUE_EMPTY_BOUND: Final = 5.0
 _QUEUE_LOOK: Final = 0.01
-#: A generation that never became ready has nothing to drain: it gets this long to stop.
+#: Workers that never accepted have nothing to drain: they get this long to stop.
 UNREADY_STOP_BOUND: Final = 3.0
-REPLACE_BACKOFF: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
+#: A forced stop (the second signal): this long, then SIGKILL.
+FORCED_STOP_BOUND: Final = 2.0
 
 
 def run_supervisor(app: str, options: ServeOptions) -> int:
     """Bind (or inherit) the sockets, run generations until stopped; the exit code."""
-    logging.config.dictConfig(log_config(options.log_level))
+    logging.config.dictConfig(log_config(options.log_level, "supervisor"))
     if options.control_token is None and not options.insecure_loopback_control:
         raise ConfigurationError(
             detail="serve --workers needs a control token (FORGEZERO_CONTROL_TOKEN or "
@@ -91,7 +103,9 @@ def run_supervisor(app: str, options: ServeOptions) -> int:
 
 @final
 class Supervisor:
-    """Generations of workers on held sockets; signals drive stop and handover."""
+    """The I/O of the supervisor: it reports what happens to a
+    :class:`~forgezero_lifecycle.serve.machine.SupervisorMachine` and carries out the actions
+    it answers, in order (one batch after the other)."""
 
     def __init__(
         self,
@@ -100,44 +114,51 @@ class Supervisor:
         listeners: Sequence[Listener],
         first_revision: str | None,
     ) -> None:
+        assert options.workers is not None
         self._app = app
         self._options = options
         self._listeners = listeners
         self._first_revision = first_revision
-        self._number = 0
-        self.current: Generation | None = None
-        self._generations: list[Generation] = []
-        self._stopping: asyncio.Task[None] | None = None
-        self._handover: asyncio.Task[None] | None = None
+        self.machine = m.SupervisorMachine(
+            options.workers, state_token=options.handoff_token is not None
+        )
+        #: The generations the machine still knows (a stopped one is dropped with it).
+        self._generations: dict[int, Generation] = {}
         self.handovers = HandoverLog()
+        self._records: dict[int, Handover] = {}
+        self._batches: asyncio.Queue[list[m.Action]] = asyncio.Queue()
+        #: The supervisor's tasks, all owned by the task group :meth:`run` opens (kept here too,
+        #: to cancel them when the machine says exit: a task group cannot cancel its tasks).
+        self._group: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._done = asyncio.Event()
         self._exit = 1
+        self._began_handover = 0.0
 
-    def _new_generation(self, revision: str | None) -> Generation:
-        self._number += 1
-        options = dataclasses.replace(self._options, revision=revision)
-        generation = Generation(
-            self._number,
-            app=self._app,
-            options=options,
-            listeners=[listener.sock for listener in self._listeners],
-            on_lost=self._replace,
-            on_reload=self.reload,
-            handovers=self.handovers,
-        )
-        self._generations.append(generation)
-        return generation
-
-    def _spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+    @property
+    def current(self) -> Generation | None:
+        number = self.machine.current
+        return None if number is None else self._generations.get(number)
 
     @property
     def _stop_bound(self) -> float:
         return self._options.drain_timeout + SHUTDOWN_MARGIN
+
+    def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
+        """Run ``work`` in :meth:`run`'s task group: if it fails, the supervisor fails with it."""
+        if self._group is None:  # run() has ended: a late report (its crash path) starts nothing
+            work.close()
+            return
+        task = self._group.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on(self, event: m.Event) -> list[m.Action]:
+        """Report ``event``: the machine decides, the actions are queued (carried out in order)."""
+        actions = self.machine.handle(event)
+        if actions:
+            self._batches.put_nowait(actions)
+        return actions
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -145,15 +166,229 @@ class Supervisor:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_stop_signal, signum)
         loop.add_signal_handler(signal.SIGHUP, self._on_reload_signal)
+        self._batches.put_nowait(self.machine.start())
         try:
-            generation = self._new_generation(self._first_revision)
+            async with asyncio.TaskGroup() as self._group:
+                self._spawn(self._carry_out())
+                await self._done.wait()
+                for task in list(self._tasks):
+                    task.cancel()
+            return self._exit
+        except Exception:
+            logger.exception("supervisor.crashed: a bug in the supervisor; its workers are killed")
+            raise
+        finally:
+            self._group = None
+            for signum in handled:
+                loop.remove_signal_handler(signum)
+            await self._kill_leftovers()
+
+    async def _kill_leftovers(self) -> None:
+        """Only after a crash of the supervisor's own code: nothing may outlive it."""
+        for generation in self._generations.values():
+            running = [w.process for w in generation.workers if w.process is not None]
+            for worker in generation.workers:
+                if worker.process is not None and worker.process.returncode is None:
+                    logger.error("supervisor.worker_killed %s: the supervisor ends", worker.name)
+                    worker.signal(signal.SIGKILL)
+            await asyncio.gather(*(process.wait() for process in running))
+
+    async def _carry_out(self) -> None:
+        while True:
+            batch = await self._batches.get()
+            for action in batch:
+                try:
+                    await self._act(action)
+                except Exception:
+                    logger.exception("supervisor.action_failed %s", action)
+
+    # Events from the outside.
+
+    def _on_stop_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        phase = self.machine.phase
+        if phase is m.Phase.STARTING:
+            logger.warning("supervisor.signal signal=%s during the start: stopping", name)
+        elif phase is m.Phase.STOPPING:
+            logger.warning("supervisor.forced signal=%s: stopping now", name)
+        else:
+            logger.info(
+                "supervisor.signal signal=%s: draining within %.1f s",
+                name,
+                self._options.drain_timeout,
+            )
+        self._on(m.StopSignal(name))
+
+    def _on_reload_signal(self) -> None:
+        self.reload()
+
+    def reload(self) -> int | None:
+        """Begin a handover to a new generation and return its number (for
+        ``supervisor/v1/handover``); None when one (or the stop) is running."""
+        for action in self._on(m.Reload()):
+            if isinstance(action, m.HandoverBegun):
+                return action.number
+        return None
+
+    def _worker_ready(self, worker: WorkerHandle) -> None:
+        logger.info("supervisor.worker_ready %s", worker.name)
+        self._on(m.WorkerReady(worker.generation, worker.index, worker.state_kind))
+
+    def _worker_exited(self, worker: WorkerHandle) -> None:
+        states = self.machine.worker_states(worker.generation)
+        stopping = worker.index < len(states) and states[worker.index] is m.WorkerState.STOPPING
+        why = ""
+        if stopping:
+            logger.info("supervisor.worker_exited %s reason=%s", worker.name, worker.exit_reason)
+        elif not worker.ready.is_set():
+            detail = f": {worker.detail}" if worker.detail else ""
+            why = f"{worker.name} exited ({worker.exit_reason}) before it was ready{detail}"
+            logger.error("supervisor.start_failed %s", why)
+        else:
+            logger.warning("supervisor.worker_lost %s reason=%s", worker.name, worker.exit_reason)
+        self._on(m.WorkerExited(worker.generation, worker.index, why))
+
+    def _drain_changed(self, number: int, change: Literal["begun", "rolled-back"]) -> None:
+        if change == "rolled-back":
+            self._on(m.DrainRolledBack(number))
+            return
+        self._on(m.DrainBegun(number))
+        generation = self._generations[number]
+        self._spawn(self._watch_drain(generation))
+
+    async def _watch_drain(self, generation: Generation) -> None:
+        await generation.acknowledged()
+        state = await generation.controller.wait()
+        logger.info("supervisor.drain_settled generation=%d state=%s", generation.number, state)
+        self._on(m.DrainSettled(generation.number, state == "drained"))
+
+    # Actions.
+
+    async def _act(self, action: m.Action) -> None:
+        match action:
+            case m.StartGeneration(generation=number):
+                self._start_generation(number)
+            case m.StartWorker(generation=number, index=index):
+                await self._start_worker(self._generations[number], index)
+            case m.ScheduleReplacement(generation=number, index=index, attempt=a, delay=delay):
+                self._spawn(self._later(delay, m.ReplaceDue(number, index, a)))
+            case m.Accept(generation=number, indexes=indexes, whole=whole):
+                await self._accept(self._generations[number], indexes, whole=whole)
+            case m.StopAccepting(generation=number):
+                generation = self._generations[number]
+                await asyncio.gather(*(w.command("stop_accepting") for w in generation.workers))
+            case m.StartGrace(generation=number):
+                grace = self._options.handover_grace
+                self._spawn(self._later(grace, m.GraceOver(number)))
+            case m.BeginDrain(generation=number, target=target):
+                generation = self._generations[number]
+                revision = None if target is None else self._generations[target].revision
+                generation.begin_drain(self._options.drain_timeout, target=revision)
+            case m.HandState(old=old, new=new):
+                self._spawn(self._hand_state(self._generations[old], self._generations[new]))
+            case m.EmptyQueue():
+                self._spawn(self._empty_the_queue())
+            case m.StopWorkers(generation=number, indexes=indexes, force=force, short=short):
+                self._stop_workers(self._generations[number], indexes, force=force, short=short)
+            case m.Kill(generation=number, indexes=indexes):
+                self._kill(self._generations[number], indexes)
+            case m.Forget(generation=number):
+                self._generations.pop(number, None)
+            case m.HandoverBegun(number=handover, from_generation=old, to_generation=new):
+                self._began_handover = time.monotonic()
+                record = self.handovers.begin(old)
+                record.to_generation = new
+                self._records[handover] = record
+                logger.info("supervisor.handover_begin from=%d to=%d", old, new)
+            case m.HandoverEnded(number=handover, done=done, detail=detail, old_drained=drained):
+                old_drain = "drained" if drained else "failed" if drained is False else "none"
+                self._end_handover(handover, done=done, detail=detail, old_drain=old_drain)
+            case m.Refused(why=why):
+                logger.warning("supervisor.reload_refused: %s", why)
+            case m.Exit(code=code, outcome=outcome):
+                logger.info("supervisor.stopped drain=%s exit=%d", outcome, code)
+                self._exit = code
+                self._done.set()
+
+    async def _later(self, delay: float, event: m.Event) -> None:
+        await asyncio.sleep(delay)
+        self._on(event)
+
+    def _start_generation(self, number: int) -> None:
+        revision = self._first_revision
+        if number > 1:
             try:
-                await generation.start()
-            except StartFailedError as error:
-                logger.error("supervisor.start_failed: %s", error)
-                await generation.stop(UNREADY_STOP_BOUND)
-                return 1
-            self.current = generation
+                revision = read_revision(self._options)
+            except ConfigurationError as error:
+                self._new_generation(number, None).prepare()
+                self._on(m.StartFailed(number, f"the revision could not be read: {error.detail}"))
+                return
+        generation = self._new_generation(number, revision)
+        generation.prepare()
+        logger.info("supervisor.generation_starting generation=%d revision=%s", number, revision)
+        for index in range(len(generation.workers)):
+            self._spawn(self._start_worker(generation, index))
+
+    def _new_generation(self, number: int, revision: str | None) -> Generation:
+        options = dataclasses.replace(self._options, revision=revision)
+        generation = Generation(
+            number,
+            app=self._app,
+            options=options,
+            listeners=[listener.sock for listener in self._listeners],
+            on_ready=self._worker_ready,
+            on_exit=self._worker_exited,
+            on_drain=self._drain_changed,
+        )
+        forwarded = ForwardedControl(generation, on_reload=self.reload, handovers=self.handovers)
+        generation.connect(forwarded.answer)
+        self._generations[number] = generation
+        return generation
+
+    async def _start_worker(self, generation: Generation, index: int) -> None:
+        try:
+            worker = await generation.start_worker(index)
+        except OSError as error:
+            logger.error(
+                "supervisor.spawn_failed generation=%d worker=%d: %s",
+                generation.number,
+                index,
+                error,
+            )
+            generation.workers[index].never_started()
+            return
+        self._spawn(worker.watch())
+        self._spawn(self._start_timer(worker))
+
+    async def _start_timer(self, worker: WorkerHandle) -> None:
+        ready = asyncio.ensure_future(worker.ready.wait())
+        gone = asyncio.ensure_future(worker.exited.wait())
+        try:
+            await asyncio.wait(
+                (ready, gone),
+                timeout=self._options.start_timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            ready.cancel()
+            gone.cancel()
+        if not worker.ready.is_set() and not worker.exited.is_set():
+            detail = f": {worker.detail}" if worker.detail else ""
+            why = f"{worker.name} was not ready within {self._options.start_timeout:g} s{detail}"
+            logger.error("supervisor.start_failed %s", why)
+            self._on(m.StartTimeout(worker.generation, worker.index, why))
+
+    async def _accept(
+        self, generation: Generation, indexes: tuple[int, ...], *, whole: bool
+    ) -> None:
+        workers = [generation.workers[index] for index in indexes]
+        await asyncio.gather(*(worker.command("accept") for worker in workers))
+        if not whole:
+            for worker in workers:
+                logger.info("supervisor.worker_replaced %s", worker.name)
+            return
+        generation.ready()
+        if generation.number == 1:
             where = ", ".join(listener.describe() for listener in self._listeners)
             logger.info(
                 "supervisor.serving generation=%d pids=%s on %s",
@@ -161,181 +396,76 @@ class Supervisor:
                 generation.pids,
                 where,
             )
-            await self._done.wait()
-            return self._exit
-        finally:
-            for signum in handled:
-                loop.remove_signal_handler(signum)
-            for task in list(self._tasks):
-                task.cancel()
-            for leftover in self._generations:
-                await leftover.stop(1.0, force=True)
-
-    # Stop.
-
-    def _on_stop_signal(self, signum: int) -> None:
-        name = signal.Signals(signum).name
-        if self.current is None:  # still starting: nothing serves yet, nothing to drain
-            logger.warning("supervisor.signal signal=%s during the start: stopping", name)
-            self._stopping = self._spawn(self._force())
-            return
-        if self._stopping is None:
-            logger.info(
-                "supervisor.signal signal=%s: draining within %.1f s",
-                name,
-                self._options.drain_timeout,
-            )
-            self._stopping = self._spawn(self._drain_and_stop())
         else:
-            logger.warning("supervisor.forced signal=%s: stopping now", name)
-            self._stopping.cancel()
-            self._spawn(self._force())
+            logger.info(
+                "supervisor.new_generation_ready generation=%d pids=%s",
+                generation.number,
+                generation.pids,
+            )
 
-    async def _force(self) -> None:
-        self._exit = 1
-        await asyncio.gather(*(g.stop(2.0, force=True) for g in self._generations))
-        self._done.set()
-
-    async def _drain_and_stop(self) -> None:
-        if self._handover is not None and not self._handover.done():
-            logger.info("supervisor.handover_cancelled: stopping instead")
-            self._handover.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._handover
-        generation = self.current
-        assert generation is not None
-        state = await drain(generation, self._options.drain_timeout)
-        logger.info("supervisor.drain_settled generation=%d state=%s", generation.number, state)
-        await self._empty_the_queue()
-        await generation.stop(self._stop_bound)
-        logger.info("supervisor.stopped drain=%s", state)
-        self._exit = 0 if state == "drained" else 1
-        self._done.set()
+    async def _hand_state(self, old: Generation, new: Generation) -> None:
+        try:
+            await hand_state_over(old, new, self._options)
+        finally:
+            self._on(m.StateHanded(new.number))
 
     async def _empty_the_queue(self) -> None:
         """New connections are refused at the socket; the workers accept what is queued."""
-        socks = [listener.sock for listener in self._listeners]
-        if not all([refuse_new_connections(sock) for sock in socks]):
-            logger.warning(
-                "supervisor.no_syn_filter: this platform cannot refuse new handshakes on a "
-                "listener; connections still queued when it closes are reset"
+        try:
+            socks = [listener.sock for listener in self._listeners]
+            if not all([refuse_new_connections(sock) for sock in socks]):
+                logger.warning(
+                    "supervisor.no_syn_filter: this platform cannot refuse new handshakes on a "
+                    "listener; connections still queued when it closes are reset"
+                )
+                return
+            deadline = time.monotonic() + QUEUE_EMPTY_BOUND
+            while any(accept_queue_length(sock) for sock in socks):
+                if time.monotonic() > deadline:
+                    logger.warning("supervisor.queue_not_empty after %.1f s", QUEUE_EMPTY_BOUND)
+                    return
+                await asyncio.sleep(_QUEUE_LOOK)  # the kernel offers no event for an empty queue
+        finally:
+            self._on(m.QueueEmptied())
+
+    def _stop_workers(
+        self, generation: Generation, indexes: tuple[int, ...], *, force: bool, short: bool
+    ) -> None:
+        workers = [generation.workers[index] for index in indexes]
+        for worker in workers:
+            if worker.process is None:
+                worker.never_started()
+            else:
+                self._spawn(worker.command("stop", force=force))
+        bound = FORCED_STOP_BOUND if force else UNREADY_STOP_BOUND if short else self._stop_bound
+        self._spawn(self._stop_timer(generation, bound))
+
+    async def _stop_timer(self, generation: Generation, bound: float) -> None:
+        await asyncio.sleep(bound)
+        self._on(m.StopTimeout(generation.number))
+
+    def _kill(self, generation: Generation, indexes: tuple[int, ...]) -> None:
+        for index in indexes:
+            worker = generation.workers[index]
+            if not worker.exited.is_set():
+                logger.error("supervisor.worker_killed %s: not stopped in time", worker.name)
+                worker.signal(signal.SIGKILL)
+
+    def _end_handover(self, number: int, *, done: bool, detail: str | None, old_drain: str) -> None:
+        record = self._records.pop(number)
+        record.end("done" if done else "aborted", detail)
+        seconds = time.monotonic() - self._began_handover
+        if done:
+            logger.info(
+                "supervisor.handover_done from=%d to=%s old_drain=%s seconds=%.2f",
+                record.from_generation,
+                record.to_generation,
+                old_drain,
+                seconds,
             )
-            return
-        deadline = time.monotonic() + QUEUE_EMPTY_BOUND
-        while any(accept_queue_length(sock) for sock in socks):
-            if time.monotonic() > deadline:
-                logger.warning("supervisor.queue_not_empty after %.1f s", QUEUE_EMPTY_BOUND)
-                return
-            await asyncio.sleep(_QUEUE_LOOK)  # the kernel offers no event for an empty queue
-
-    # Workers that die.
-
-    def _replace(self, lost: WorkerProcess) -> None:
-        logger.warning(
-            "supervisor.worker_lost %s reason=%s: starting a replacement",
-            lost.name,
-            lost.exit_reason,
-        )
-        self._spawn(self._start_replacement(lost))
-
-    async def _start_replacement(self, lost: WorkerProcess) -> None:
-        generation = lost.generation
-        for pause in (0.0, *REPLACE_BACKOFF):
-            await asyncio.sleep(pause)
-            if generation.retired or generation.controller.active or self._stopping is not None:
-                return
-            fresh = generation.replace(lost)
-            try:
-                await generation.start_worker(fresh)
-            except StartFailedError as error:
-                logger.error("supervisor.replacement_failed: %s", error)
-                fresh.stopping = True
-                fresh.signal(signal.SIGKILL)
-                continue
-            logger.info("supervisor.worker_replaced %s", fresh.name)
-            return
-
-    # Handover.
-
-    def _on_reload_signal(self) -> None:
-        if not self.reload():
-            logger.warning("supervisor.reload_refused: a handover or the stop is running")
-
-    def reload(self) -> int | None:
-        """Begin a handover to a new generation and return its number (for
-        ``supervisor/v1/handover``); None when one (or the stop) is running."""
-        if self._stopping is not None or self.current is None:
-            return None
-        if self._handover is not None and not self._handover.done():
-            return None
-        handover = self.handovers.begin(self.current.number)
-        self._handover = self._spawn(self._hand_over(self.current, handover))
-        return handover.number
-
-    async def _hand_over(self, old: Generation, handover: Handover) -> None:
-        try:
-            aborted = await self._try_hand_over(old, handover)
-        except Exception as error:
-            logger.exception("supervisor.handover_crashed: %r keeps serving", old)
-            aborted = f"the handover crashed ({type(error).__name__}); see the supervisor's log"
-        handover.end("done" if aborted is None else "aborted", aborted)
-
-    async def _try_hand_over(self, old: Generation, handover: Handover) -> str | None:
-        """Hand over from ``old``; None when done, else why it was aborted (``old`` serves on)."""
-        began = time.monotonic()
-        try:
-            revision = read_revision(self._options)
-        except ConfigurationError as error:
-            logger.error("supervisor.handover_aborted: %s; %r keeps serving", error.detail, old)
-            return f"the revision could not be read: {error.detail}"
-        new = self._new_generation(revision)
-        handover.to_generation = new.number
-        logger.info(
-            "supervisor.handover_begin from=%d to=%d revision=%s", old.number, new.number, revision
-        )
-        try:
-            await new.start()
-        except StartFailedError as error:
-            await new.stop(UNREADY_STOP_BOUND)
-            logger.error("supervisor.handover_aborted: %s; %r keeps serving", error, old)
-            return f"generation {new.number} did not start: {error}"
-        refusal = state_refusal(old, new, self._options)
-        if refusal is not None:
-            logger.error("supervisor.handover_refused: %s; %r keeps serving", refusal, old)
-            await new.stop(self._stop_bound)
-            return f"generation {new.number} cannot take the state: {refusal}"
-        self.current = new
-        logger.info("supervisor.new_generation_ready generation=%d pids=%s", new.number, new.pids)
-        await asyncio.gather(*(worker.command("stop_accepting") for worker in old.workers))
-        await asyncio.sleep(self._options.handover_grace)
-        state = await drain(old, self._options.drain_timeout, target=revision)
-        if old.workers[0].state_kind is not None:
-            await hand_state_over(old, new, self._options)
-        await old.stop(self._stop_bound)
-        logger.info(
-            "supervisor.handover_done from=%d to=%d old_drain=%s seconds=%.2f",
-            old.number,
-            new.number,
-            state,
-            time.monotonic() - began,
-        )
-        return None
-
-
-async def drain(generation: Generation, timeout: float, *, target: str | None = None) -> DrainState:
-    """Drain ``generation`` under one deadline (or follow the drain already begun)."""
-    if not generation.controller.active:
-        timeout_ms = min(MAX_DRAIN_TIMEOUT_MS, max(MIN_DRAIN_TIMEOUT_MS, round(timeout * 1000)))
-        generation.begin(
-            {
-                "protocol": DRAIN_PROTOCOL,
-                "nonce": secrets.token_urlsafe(32),
-                "sourceRevision": generation.revision or UNKNOWN_REVISION,
-                "targetRevision": target or UNKNOWN_REVISION,
-                "timeoutMs": timeout_ms,
-            }
-        )
-        await generation.acknowledged()
-    else:
-        logger.info("supervisor.following_drain generation=%d", generation.number)
-    return await generation.controller.wait()
+        else:
+            logger.error(
+                "supervisor.handover_aborted: %s; generation %d keeps serving",
+                detail,
+                record.from_generation,
+            )

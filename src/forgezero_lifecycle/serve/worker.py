@@ -10,6 +10,13 @@ What the supervisor sees (events on the channel)::
 
     booting ──▶ ready ──▶ draining ──▶ drained | failed | rolled-back
 
+A ready worker serves only its private listener until the supervisor commands ``accept`` (once
+every worker of its generation is ready): then it accepts on the shared listeners too. Until
+then the connections wait in the kernel's accept queue, so the first worker to be ready does not
+take a whole burst of keep-alive clients for itself. The commands are a dispatch table
+(:data:`~forgezero_lifecycle.serve.messages.COMMANDS`); a malformed command is answered
+``RUNTIME_BAD_MESSAGE`` and changes nothing.
+
 Signals are the supervisor's to command. SIGINT (a terminal's Ctrl-C reaches the whole process
 group) and SIGTERM are blocked while the worker boots; once uvicorn has started, the worker's own
 handlers replace ``serve_app``'s and the signals are unblocked (so processes the app starts later
@@ -36,7 +43,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, final
 
 import uvicorn
@@ -47,6 +54,7 @@ from ..wire import paths
 from .channel import Channel, ChannelClosedError, read_frame_blocking
 from .command import load_app
 from .forwarding import GenerationControl
+from .messages import StateReport
 from .options import ServeOptions
 from .server import drain_then_stop, serve_app
 
@@ -94,6 +102,8 @@ class WorkerAgent:
         self.index = index
         self.generation = generation
         self.server: uvicorn.Server | None = None
+        self.shared: list[socket.socket] = []
+        self._accepting = False
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -105,8 +115,8 @@ class WorkerAgent:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def notify_state(self, state: str, **extra: Any) -> None:
-        self.channel.notify({"event": "state", "state": state, "pid": os.getpid(), **extra})
+    def notify_state(self, report: StateReport) -> None:
+        self.channel.notify(report.wire())
 
     async def watch_startup(self, serving: asyncio.Task[int]) -> None:
         """Once uvicorn serves (startup and lifespan done): take the signals over, report ready."""
@@ -114,11 +124,14 @@ class WorkerAgent:
             if self.server is not None and self.server.started:
                 self._take_signals()
                 self.notify_state(
-                    "ready",
-                    inFlight=self.runtime.in_flight().model_dump(),
-                    privatePort=self.private.getsockname()[1],
-                    stateKind=_state_kind(self.runtime),
-                    revision=self.runtime.revision,
+                    StateReport(
+                        "ready",
+                        pid=os.getpid(),
+                        in_flight=self.runtime.in_flight().model_dump(),
+                        private_port=self.private.getsockname()[1],
+                        state_kind=_state_kind(self.runtime),
+                        revision=self.runtime.revision,
+                    )
                 )
                 return
             await asyncio.sleep(_STARTUP_LOOK)
@@ -156,49 +169,115 @@ class WorkerAgent:
         self._spawn(drain_then_stop(self.runtime, self.options.drain_timeout, server))
 
     async def handle(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """Answer one of the supervisor's commands (:data:`~.messages.COMMANDS`)."""
         op = message.get("op")
-        drain = self.runtime.drain
-        if op == "begin":
-            try:
-                accepted = drain.begin(message["request"])
-            except LifecycleError as error:
-                return {"error": error.code, "detail": error.detail}
-            if not accepted.duplicate:
-                self._spawn(self._report_drain(message["request"]["nonce"]))
-            return {"ok": True, "duplicate": accepted.duplicate}
-        if op == "rollback":
-            try:
-                drain.rollback(message["nonce"])
-            except LifecycleError as error:
-                return {"error": error.code}
-            return {"ok": True, "inFlight": self.runtime.in_flight().model_dump()}
-        if op == "status":
-            return {"inFlight": self.runtime.in_flight().model_dump()}
-        if op == "schedules":
-            return {"schedules": self.runtime.scheduled_jobs()}
-        if op == "metrics":
-            document = self.runtime.published_document(paths.RUNTIME_METRICS_PATH)
-            if document is None:
-                return {"text": None}
-            return {"text": document()[0].decode("utf-8")}
-        if op == "import":
-            return await self._import(message["request"], message["timeoutMs"])
-        if op == "stop_accepting":
-            return self._stop_accepting()
-        if op == "stop":
-            self.stop("the supervisor stops this worker", force=bool(message.get("force")))
+        handler = self._commands.get(op) if isinstance(op, str) else None
+        if handler is None:
+            return {"error": "RUNTIME_NOT_FOUND", "detail": f"unknown op {op!r}"}
+        try:
+            return await handler(message)
+        except (KeyError, TypeError, ValueError) as error:
+            logger.error("worker.bad_command op=%s: %r", op, error)
+            return {"error": "RUNTIME_BAD_MESSAGE", "detail": f"{op}: {type(error).__name__}"}
+
+    async def _begin(self, message: dict[str, Any]) -> dict[str, Any]:
+        try:
+            accepted = self.runtime.drain.begin(message["request"])
+        except LifecycleError as error:
+            return {"error": error.code, "detail": error.detail}
+        if not accepted.duplicate:
+            self._spawn(self._report_drain(message["request"]["nonce"]))
+        return {"ok": True, "duplicate": accepted.duplicate}
+
+    async def _rollback(self, message: dict[str, Any]) -> dict[str, Any]:
+        try:
+            self.runtime.drain.rollback(message["nonce"])
+        except LifecycleError as error:
+            return {"error": error.code}
+        return {"ok": True, "inFlight": self.runtime.in_flight().model_dump()}
+
+    async def _status(self, message: dict[str, Any]) -> dict[str, Any]:
+        return {"inFlight": self.runtime.in_flight().model_dump()}
+
+    async def _schedules(self, message: dict[str, Any]) -> dict[str, Any]:
+        return {"schedules": self.runtime.scheduled_jobs()}
+
+    async def _metrics(self, message: dict[str, Any]) -> dict[str, Any]:
+        document = self.runtime.published_document(paths.RUNTIME_METRICS_PATH)
+        if document is None:
+            return {"text": None}
+        return {"text": document()[0].decode("utf-8")}
+
+    async def _import_state(self, message: dict[str, Any]) -> dict[str, Any]:
+        return await self._import(message["request"], int(message["timeoutMs"]))
+
+    async def _stop_command(self, message: dict[str, Any]) -> dict[str, Any]:
+        self.stop("the supervisor stops this worker", force=bool(message.get("force")))
+        return {"ok": True}
+
+    async def _accept_command(self, message: dict[str, Any]) -> dict[str, Any]:
+        return await self.accept()
+
+    async def _stop_accepting_command(self, message: dict[str, Any]) -> dict[str, Any]:
+        return self._stop_accepting()
+
+    @property
+    def _commands(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]]:
+        return {
+            "begin": self._begin,
+            "rollback": self._rollback,
+            "status": self._status,
+            "schedules": self._schedules,
+            "metrics": self._metrics,
+            "import": self._import_state,
+            "accept": self._accept_command,
+            "stop_accepting": self._stop_accepting_command,
+            "stop": self._stop_command,
+        }
+
+    async def accept(self) -> dict[str, Any]:
+        """Serve on the shared listeners from now on (the supervisor says when: once every
+        worker of the generation is ready); until then connections wait in the kernel's queue."""
+        server = self.server
+        if server is None or not server.started:
+            return {"error": "RUNTIME_WORKER_BOOTING"}
+        if self._accepting:
             return {"ok": True}
-        return {"error": "RUNTIME_NOT_FOUND", "detail": f"unknown op {op!r}"}
+        self._accepting = True
+        config = server.config
+        state, app_state = server.server_state, server.lifespan.state
+
+        def protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            # What uvicorn's Server.startup builds for each socket it is given.
+            made: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=state, app_state=app_state, _loop=_loop
+            )
+            return made
+
+        loop = asyncio.get_running_loop()
+        for sock in self.shared:
+            listening = await loop.create_server(
+                protocol, sock=sock, ssl=config.ssl, backlog=config.backlog
+            )
+            server.servers.append(listening)
+        logger.info("worker.accepting worker=%d listeners=%d", self.index, len(self.shared))
+        return {"ok": True}
 
     async def _report_drain(self, nonce: str) -> None:
-        self.notify_state("draining")
+        self.notify_state(StateReport("draining", pid=os.getpid()))
         state = await self.runtime.drain.wait()
         try:
             status = self.runtime.drain.status(nonce)
         except LifecycleError:
             return  # rolled back and begun anew meanwhile: the new drain reports for itself
         self.notify_state(
-            state, failure=status.failure, inFlight=status.in_flight.model_dump(), nonce=nonce
+            StateReport(
+                state,
+                pid=os.getpid(),
+                failure=status.failure,
+                in_flight=status.in_flight.model_dump(),
+                nonce=nonce,
+            )
         )
 
     async def _import(self, request: dict[str, Any], timeout_ms: int) -> dict[str, Any]:
@@ -258,6 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     fields = {f.name for f in dataclasses.fields(ServeOptions)}
     options = ServeOptions(**{k: v for k, v in config["options"].items() if k in fields})
+    label = f"worker={config['index']} generation={config['generation']}"
+    options = dataclasses.replace(options, log_label=label)
     listeners = [socket.socket(fileno=fd) for fd in args.listen_fd]
     return asyncio.run(_serve(config, options, listeners, channel_sock, args.supervisor_pid))
 
@@ -278,11 +359,11 @@ async def _serve(
         return await agent_box[0].handle(message)
 
     channel = await Channel.open(channel_sock, handle)
-    channel.notify({"event": "state", "state": "booting", "pid": os.getpid()})
+    channel.notify(StateReport("booting", pid=os.getpid()).wire())
     try:
         app, runtime, source = load_app(config["app"], options)
     except LifecycleError as error:
-        channel.notify({"event": "state", "state": "failed", "detail": str(error)})
+        channel.notify(StateReport("failed", pid=os.getpid(), detail=str(error)).wire())
         logger.error("worker.start_failed worker=%d: %s", index, error)
         await asyncio.sleep(0.05)  # let the event leave before the process does
         return 2
@@ -299,15 +380,16 @@ async def _serve(
         private=private,
         supervisor_pid=supervisor_pid,
     )
+    agent.shared = listeners
     agent_box.append(agent)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(PARENT_DEATH_SIGNAL, agent.stop, "the supervisor is gone")
     serving = asyncio.create_task(
         serve_app(
-            GenerationControl(app, channel=channel),
+            GenerationControl(app, channel=channel, control=runtime.control),
             runtime,
             options,
-            sockets=[*listeners, private],
+            sockets=[private],  # the shared listeners once the supervisor says (accept)
             shared_listener=True,
             runtime_source=source,
             on_server=agent.attach_server,

@@ -4,7 +4,8 @@ State (when the app has a state adapter): worker k of g hands its state to worke
 g is drained (so the export is final), through the state export protocol over a private loopback
 listener each worker has of its own, with the handoff token. Generations have the same number of
 workers; a handover whose new workers have no adapter, another protocol or schema version, or
-that has no handoff token is refused before g is touched (logged; g keeps serving). The new
+that has no handoff token is refused before g is touched (logged; g keeps serving: the
+refusal is :func:`~forgezero_lifecycle.serve.machine.state_refusal`). The new
 generation serves while the state is on its way: an adapter's import must merge with what the
 new worker did meanwhile (a counter adds).
 """
@@ -21,27 +22,11 @@ from ..wire import paths
 from ..wire.drain import MAX_DRAIN_TIMEOUT_MS
 from .generation import Generation
 from .options import ServeOptions
-from .process import WorkerProcess
+from .worker_handle import WorkerHandle
 
-__all__ = ["hand_state_over", "state_refusal"]
+__all__ = ["hand_state_over"]
 
 logger = logging.getLogger("forgezero_lifecycle.serve.supervisor")
-
-
-def state_refusal(old: Generation, new: Generation, options: ServeOptions) -> str | None:
-    """Why the state of ``old`` cannot be handed to ``new`` worker by worker (None: it can)."""
-    kinds = [worker.state_kind for worker in old.workers]
-    if all(kind is None for kind in kinds):
-        return None
-    if options.handoff_token is None:
-        return "the app has a state adapter and no handoff token is set (FORGEZERO_HANDOFF_TOKEN)"
-    for before, after in zip(old.workers, new.workers, strict=True):
-        if before.state_kind != after.state_kind:
-            return (
-                f"worker {before.index}'s state {before.state_kind} cannot be imported by "
-                f"the new worker {after.index} ({after.state_kind})"
-            )
-    return None
 
 
 async def hand_state_over(old: Generation, new: Generation, options: ServeOptions) -> None:
@@ -50,7 +35,7 @@ async def hand_state_over(old: Generation, new: Generation, options: ServeOption
     target = new.revision or UNKNOWN_REVISION
     timeout_ms = min(MAX_DRAIN_TIMEOUT_MS, max(1000, round(options.drain_timeout * 1000)))
 
-    async def one(before: WorkerProcess, after: WorkerProcess) -> None:
+    async def one(before: WorkerHandle, after: WorkerHandle) -> None:
         assert before.state_kind is not None
         query = urlencode({"sourceRevision": source, "targetRevision": target})
         request = {

@@ -1,0 +1,222 @@
+"""The supervisor's handle on one worker process: its process, its channel, its last report.
+
+The worker process itself is :mod:`.worker`. A handle knows nothing of its generation: what
+happens to the process (ready, a report, its exit) goes to the callbacks it was given, and the
+control requests its worker forwards go to ``answer``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, Literal, final, get_args
+
+from .channel import Channel, ChannelClosedError, MessageTooLargeError
+from .messages import (
+    COMMANDS,
+    COUNTER_KINDS,
+    ControlCall,
+    StateReport,
+    decode_worker_message,
+)
+
+__all__ = ["COMMAND_TIMEOUT", "WorkerHandle", "exit_reason"]
+
+logger = logging.getLogger("forgezero_lifecycle.serve.supervisor")
+
+#: How long a worker may take to answer one command on its channel.
+COMMAND_TIMEOUT: Final = 10.0
+
+#: Answers a forwarded control call: ``answer(call, args)`` → ``{"status", "headers", "body"}``.
+Answer = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+#: What the drain report of the worker says (``booting`` until its first report).
+DrainReport = Literal["booting", "ready", "draining", "drained", "failed", "rolled-back"]
+_REPORTS: Final[dict[str, DrainReport]] = {name: name for name in get_args(DrainReport)}
+
+
+def exit_reason(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+@final
+class WorkerHandle:
+    """One worker as the supervisor sees it (see the module docstring)."""
+
+    def __init__(
+        self,
+        index: int,
+        generation: int,
+        *,
+        answer: Answer,
+        on_ready: Callable[[WorkerHandle], None],
+        on_report: Callable[[WorkerHandle], None],
+        on_exit: Callable[[WorkerHandle], None],
+    ) -> None:
+        self.index = index
+        self.generation = generation
+        self._answer = answer
+        self._on_ready = on_ready
+        self._on_report = on_report
+        self._on_exit = on_exit
+        self.process: asyncio.subprocess.Process | None = None
+        self.channel: Channel | None = None
+        self._report: DrainReport = "booting"
+        self.in_flight: dict[str, int] = dict.fromkeys(COUNTER_KINDS, 0)
+        self.failure: str | None = None
+        self.detail: str | None = None
+        self.ready = asyncio.Event()
+        self.exited = asyncio.Event()
+        self.exit_reason: str | None = None
+        self.revision: str | None = None
+        self.state_kind: dict[str, Any] | None = None
+        self.private_port = 0
+        #: The nonce of the generation's drain this worker's reports must name (None: any).
+        self.drain_nonce: str | None = None
+
+    @property
+    def report(self) -> DrainReport:
+        return self._report
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    @property
+    def name(self) -> str:
+        return f"worker {self.index} (pid {self.pid}) of generation {self.generation}"
+
+    # The drain report, changed only here.
+
+    def drain_begun(self, nonce: str) -> None:
+        self.drain_nonce = nonce
+        if not self.exited.is_set():
+            self._report = "draining"
+
+    def drain_refused(self, code: str) -> None:
+        """The worker refused the generation's begin: it will not drain."""
+        if self._report == "draining":
+            self._report, self.failure = "failed", code
+
+    def rolled_back(self) -> None:
+        if not self.exited.is_set():
+            self._report = "ready"
+
+    def _take(self, report: StateReport) -> None:
+        if report.nonce is not None and report.nonce != self.drain_nonce:
+            return  # the end of an earlier drain, reported late
+        state = _REPORTS.get(report.state)
+        if state is None:
+            logger.warning("supervisor.unknown_report %s state=%r", self.name, report.state)
+            return
+        self._report = state
+        if report.in_flight is not None:
+            self.in_flight = dict(report.in_flight)
+        self.failure = report.failure
+        if report.detail:
+            self.detail = report.detail
+        if report.state == "ready" and not self.ready.is_set():
+            self.state_kind = report.state_kind
+            self.revision = report.revision
+            self.private_port = report.private_port
+            self.ready.set()
+            self._on_ready(self)
+        self._on_report(self)
+
+    # The process.
+
+    async def spawn(self, listeners: Sequence[socket.socket], config: dict[str, Any]) -> None:
+        ours, theirs = socket.socketpair()
+        fds = [sock.fileno() for sock in listeners]
+        command = [
+            sys.executable, "-m", "forgezero_lifecycle.serve.worker",
+            "--channel-fd", str(theirs.fileno()), "--supervisor-pid", str(os.getpid()),
+            *(f"--listen-fd={fd}" for fd in fds),
+        ]  # fmt: skip
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                *command, pass_fds=(theirs.fileno(), *fds), stdin=asyncio.subprocess.DEVNULL
+            )
+        finally:
+            theirs.close()
+        self.channel = await Channel.open(ours, self._handle)
+        self.channel.notify(config)
+        logger.info("supervisor.worker_started %s", self.name)
+
+    def never_started(self) -> None:
+        """The process was never spawned (its generation could not start): it counts as exited."""
+        if not self.exited.is_set():
+            self.exit_reason = "never started"
+            self.exited.set()
+            self._on_exit(self)
+
+    async def watch(self) -> None:
+        """Wait for the spawned process to exit, then report it (the supervisor runs this in its
+        task group, once :meth:`spawn` has returned)."""
+        assert self.process is not None
+        assert self.channel is not None
+        code = await self.process.wait()
+        self.exit_reason = exit_reason(code)
+        self.exited.set()
+        await self.channel.aclose()
+        self._on_exit(self)
+
+    async def _handle(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        decoded = decode_worker_message(message)
+        match decoded:
+            case StateReport():
+                self._take(decoded)
+                return None
+            case ControlCall(call=call, args=args):
+                return await self._answer(call, args)
+            case _:
+                logger.warning("supervisor.bad_message %s: %s", self.name, decoded)
+                return {"error": "RUNTIME_BAD_MESSAGE", "detail": decoded}
+
+    async def command(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send ``op`` (one of :data:`~.messages.COMMANDS`, with its fields); an unreachable
+        worker answers ``RUNTIME_WORKER_GONE``."""
+        expected = COMMANDS.get(op)
+        if expected is None or not set(fields) <= set(expected):
+            raise ValueError(f"no command {op!r} with fields {sorted(fields)}")
+        if self.channel is None or self.exited.is_set():
+            return {"error": "RUNTIME_WORKER_GONE"}
+        try:
+            answer = await self.channel.request(op, timeout=COMMAND_TIMEOUT, **fields)
+        except (ChannelClosedError, TimeoutError):
+            return {"error": "RUNTIME_WORKER_GONE"}
+        except MessageTooLargeError:
+            logger.error("supervisor.command_too_large %s op=%s", self.name, op)
+            return {"error": "RUNTIME_MESSAGE_TOO_LARGE"}
+        if isinstance(answer.get("inFlight"), dict):
+            self.in_flight = answer["inFlight"]
+        return answer
+
+    def signal(self, signum: int) -> None:
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signum)
+
+    def summary(self) -> dict[str, Any]:
+        found: dict[str, Any] = {"worker": self.index, "pid": self.pid, "status": self._report}
+        if self.exited.is_set():
+            found["exited"] = self.exit_reason
+        found["inFlight"] = dict(self.in_flight)
+        if self.failure:
+            found["failure"] = self.failure
+        return found
+
+
+__all__ += ["Answer", "DrainReport"]

@@ -1,0 +1,172 @@
+"""Reloads of the servers users already run lose and refuse nothing when the app has a runtime.
+
+``uvicorn --workers 2`` (SIGHUP starts a new worker, then SIGTERMs an old one) and gunicorn with
+the library's worker class (``-k forgezero_lifecycle.gunicorn.UvicornWorker``; HUP starts new
+workers, then TERMs the old ones) under the same-port load of ``test_handover.py``: fast, slow,
+streaming and POST requests on keep-alive connections pinned to one port, plus WebSocket sessions
+that reconnect on 1012. A stopped worker hands its clients over (it stops accepting at once and
+answers what arrives on its open connections with ``Connection: close`` before its drain closes
+intake), so every request is answered by some worker: 0 lost, 0 refused before the final stop.
+The final stop comes after the load (as in ``test_handover.py``) and must exit cleanly.
+
+uvicorn-worker's own ``UvicornWorker`` gets the same stop from the runtime's signal hook (which
+attaches it to any uvicorn ``Server`` at lifespan startup), so it is checked here too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Final
+
+import anyio
+import httpx
+import pytest
+
+from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, popen_logged
+from tests.reliability._records import ServerRecords
+from tests.reliability._soak import report, scale
+from tests.reliability._verify import judge
+
+from .conftest import alive
+from .test_foreign import _children as children_of
+from .test_handover import (
+    LABEL,
+    LOAD_SECONDS,
+    Sessions,
+    _close,
+    _load_at,
+    _merged,
+)
+
+pytestmark = [pytest.mark.server, pytest.mark.anyio]
+
+RUNS: Final = scale(3, 20)
+SESSIONS: Final = 4
+#: The runtime's signal_drain_timeout in the app (its default).
+DRAIN_TIMEOUT: Final = 30.0
+
+
+WORKER_CLASSES: Final = {
+    "gunicorn-ours": "forgezero_lifecycle.gunicorn.UvicornWorker",
+    "gunicorn-uvicorn-worker": "uvicorn_worker.UvicornWorker",
+}
+
+
+def _command(kind: str, port: int) -> list[str]:
+    if kind in WORKER_CLASSES:
+        # Imported here: `make test-oldest` runs this module without gunicorn (-k 'not gunicorn').
+        from forgezero_lifecycle.gunicorn import required_graceful_timeout
+
+        return [
+            sys.executable, "-m", "gunicorn", "tests.serve.reliability_app:app", "-w", "2",
+            "-k", WORKER_CLASSES[kind], "-b", f"127.0.0.1:{port}",
+            "--graceful-timeout", str(int(required_graceful_timeout(DRAIN_TIMEOUT)) + 1),
+            "--log-level", "warning",
+        ]  # fmt: skip
+    return [
+        sys.executable, "-m", "uvicorn", "tests.serve.reliability_app:app", "--workers", "2",
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+        "--timeout-graceful-shutdown", "40",
+    ]  # fmt: skip
+
+
+async def reload_twice_under_load(kind: str, tmp_path: Path, seed: int) -> dict[str, object]:
+    """Two reloads under load, then the final stop: the verdict's counts, refusals, exit code."""
+    port = free_port()
+    records = tmp_path / "worker-records"
+    records.mkdir()
+    log_path = tmp_path / "server.log"
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(PROJECT_ROOT),
+        "FORGEZERO_CONTROL_TOKEN": CONTROL_TOKEN,
+        "FZREL_GENERATION": LABEL,
+        "FZREL_RECORDS": str(records / "{pid}.records"),
+        "FZREL_STREAM_GRACE": "1.0",
+    }
+    process = await anyio.to_thread.run_sync(
+        lambda: popen_logged(_command(kind, port), environment, log_path)
+    )
+    seen: set[int] = set()
+    url = f"http://127.0.0.1:{port}"
+    exit_code: int | None = None
+    try:
+        with anyio.fail_after(60):
+            while not await _live(url):
+                seen.update(children_of(process.pid))
+                await anyio.sleep(0.1)
+        load = _load_at(url, seed=seed)
+        sessions = Sessions(url, SESSIONS)
+        async with anyio.create_task_group() as group:
+            group.start_soon(load.run)
+            group.start_soon(sessions.run)
+            await anyio.sleep(LOAD_SECONDS)
+            for _ in range(2):
+                process.send_signal(signal.SIGHUP)
+                for _ in range(int(LOAD_SECONDS * 10) + 60):
+                    seen.update(children_of(process.pid))
+                    await anyio.sleep(0.1)
+            load.stop()
+            sessions.stopping.set()
+        await _close(load)
+        process.send_signal(signal.SIGTERM)
+        exit_code = await anyio.to_thread.run_sync(lambda: process.wait(60))
+    finally:
+        seen.update(children_of(process.pid))
+        if process.poll() is None:
+            process.kill()
+            await anyio.to_thread.run_sync(lambda: process.wait(60))
+        for pid in seen:
+            with contextlib.suppress(ProcessLookupError):
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+    per_pid = {
+        int(path.name.split(".")[0]): ServerRecords.read(path) for path in records.glob("*.records")
+    }
+    verdict = judge(load.records, {LABEL: _merged(per_pid)})
+    return {
+        **verdict.counts(),
+        "refused": sum(record.refusals for record in load.records),
+        "connect_refused": verdict.connect_refused,
+        "transport_errors": verdict.transport_errors,
+        "problems": verdict.problems[:10],
+        "pids_answering": sum(1 for r in per_pid.values() if r.started),
+        "websocket_problems": sessions.problems,
+        "exit_code": exit_code,
+        "log": log_path.read_text()[-3000:],
+    }
+
+
+async def _live(url: str) -> bool:
+    """Whether a worker answers the liveness probe (which the records leave out)."""
+    try:
+        async with httpx.AsyncClient(trust_env=False, timeout=2) as client:
+            return (await client.get(url + "/.forgezero/runtime/live")).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.mark.parametrize("run", range(RUNS))
+@pytest.mark.parametrize("kind", ["gunicorn-ours", "uvicorn-workers", "gunicorn-uvicorn-worker"])
+@pytest.mark.timeout(scale(300, 600))
+async def test_foreign_reloads_lose_nothing(tmp_path: Path, kind: str, run: int) -> None:
+    """Two reloads of a foreign server: 0 lost, 0 refused, 0 refused connections; a clean final
+    stop."""
+    result = await reload_twice_under_load(kind, tmp_path, seed=78 + run)
+    report(
+        f"foreign-handover-{kind}",
+        run=run,
+        **{k: v for k, v in result.items() if k != "log"},
+    )
+    assert result["problems"] == [], result
+    assert result["lost"] == 0, result
+    assert result["refused"] == 0, result
+    assert result["connect_refused"] == 0, result
+    assert result["transport_errors"] == 0, result
+    assert result["websocket_problems"] == [], result
+    assert result["pids_answering"] >= 4, result  # both generations of both reloads answered
+    assert result["exit_code"] == 0, result
