@@ -32,6 +32,7 @@ MODULES: Final = (
     "canonical",
     "handoff",
     "handover",
+    "scaling",
     "jobs",
     "jobs_peer",
     "memory",

@@ -22,7 +22,11 @@ also gives the CPU time each sample took (both generations' processes for a hand
 server and the benchmark's process for the baseline), which other load on the machine disturbs
 less than the wall time.
 
-Run ``python -m bench.handoff [--quick]``.
+Each size runs with the runtime's default, the process's collector left alone; 1 MiB runs a
+second time right after with ``Runtime(handoff_pauses_collector=True)`` on both generations
+(the collector paused while a state is sealed or opened), the two rows side by side.
+
+Run ``python -m bench.handoff [--quick] [--only "1 MiB"]``.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ __all__ = ["run"]
 
 SIZES: Final = {"1 KiB": 1024, "64 KiB": 64 * 1024, "1 MiB": 1024 * 1024}
 TARGET_MS: Final = {"1 MiB": 100.0}
+#: The sizes also run with the collector paused (``Runtime(handoff_pauses_collector=True)``).
+PAUSED_TOO: Final = frozenset({"1 MiB"})
 APP: Final = "bench.apps.state:app"
 PROTOCOL: Final = "bench.shop"
 
@@ -63,12 +69,13 @@ class _Generations:
         self.old_revision = secrets.token_hex(20)
         self.new_revision = secrets.token_hex(20)
 
-    def environment(self, revision: str, state_bytes: int) -> dict[str, str]:
+    def environment(self, revision: str, state_bytes: int, *, paused: bool) -> dict[str, str]:
         return {
             "FORGEZERO_CONTROL_TOKEN": self.control,
             "FORGEZERO_HANDOFF_TOKEN": self.handoff,
             "FORGEZERO_REVISION": revision,
             "FZ_BENCH_STATE_BYTES": str(state_bytes),
+            "FZ_BENCH_PAUSE_COLLECTOR": "1" if paused else "0",
         }
 
 
@@ -178,52 +185,72 @@ async def _measure_size(
     return handoffs, blobs, size
 
 
-def run(quick: bool) -> list[dict[str, Any]]:
-    """One row per state size: begin → acknowledged, beside a GET, parse and validate of the value."""
+def run(quick: bool, only: str | None = None) -> list[dict[str, Any]]:
+    """One row per state size (two for 1 MiB: collector left alone, then paused): begin →
+    acknowledged, beside a GET, parse and validate of the value. ``only``: that size's rows."""
     samples = 3 if quick else 7
     command = ".venv/bin/python -m bench.handoff" + (" --quick" if quick else "")
+    runs = [
+        (label, size, paused)
+        for label, size in SIZES.items()
+        if only is None or label == only
+        for paused in ((False, True) if label in PAUSED_TOO else (False,))
+    ]
     rows = []
     with tempfile.TemporaryDirectory(prefix="fz-bench-handoff-") as tmp:
-        for label, size in SIZES.items():
-            gens = _Generations()
-            environment = [gens.environment(gens.old_revision, size)]
-            environment += [gens.environment(gens.new_revision, 0)] * samples
-            servers = start_servers([APP] * (samples + 1), Path(tmp), environment)
-            cpu = _Cpu()
-            try:
-                handoffs, blobs, value_bytes = asyncio.run(
-                    _measure_size(servers[0], servers[1:], gens, cpu)
-                )
-            finally:
-                stop_servers(servers)
-            target = TARGET_MS.get(label)
-            rows.append(
-                row(
-                    f"handoff {label} state ({value_bytes:,} B value JSON)",
-                    "begin → acknowledged, vs httpx GET + orjson.loads + model_validate",
-                    "ms",
-                    handoffs,
-                    baseline=statistics.median(blobs),
-                    ratio=round(statistics.median(paired(handoffs, blobs)), 2),
-                    target=f"p50 ≤ {target:g} ms" if target else "(comparison)",
-                    command=command,
-                    ok=statistics.median(handoffs) <= target if target else None,
-                    note=(
-                        f"{samples} handoffs, each to a fresh new-generation uvicorn process, "
-                        "from one drained old generation whose state moves on before each "
-                        "(every timed export is its state's first); baseline: httpx GET of the same value "
-                        "bytes from the old server (client built beforehand) + orjson.loads + "
-                        "ShopState.model_validate, alternating order" + cpu.note()
-                    ),
-                )
-            )
+        for label, size, paused in runs:
+            rows.append(_size_row(label, size, paused, samples, command, Path(tmp)))
     return rows
+
+
+def _size_row(
+    label: str, size: int, paused: bool, samples: int, command: str, tmp: Path
+) -> dict[str, Any]:
+    gens = _Generations()
+    environment = [gens.environment(gens.old_revision, size, paused=paused)]
+    environment += [gens.environment(gens.new_revision, 0, paused=paused)] * samples
+    servers = start_servers([APP] * (samples + 1), tmp, environment)
+    cpu = _Cpu()
+    try:
+        handoffs, blobs, value_bytes = asyncio.run(
+            _measure_size(servers[0], servers[1:], gens, cpu)
+        )
+    finally:
+        stop_servers(servers)
+    target = TARGET_MS.get(label)
+    collector = ", collector paused" if paused else ""
+    return row(
+        f"handoff {label} state ({value_bytes:,} B value JSON){collector}",
+        "begin → acknowledged, vs httpx GET + orjson.loads + model_validate",
+        "ms",
+        handoffs,
+        baseline=statistics.median(blobs),
+        ratio=round(statistics.median(paired(handoffs, blobs)), 2),
+        target=f"p50 ≤ {target:g} ms" if target else "(comparison)",
+        command=command,
+        ok=statistics.median(handoffs) <= target if target else None,
+        note=(
+            f"{samples} handoffs, each to a fresh new-generation uvicorn process, "
+            "from one drained old generation whose state moves on before each "
+            "(every timed export is its state's first); "
+            + (
+                "both generations with Runtime(handoff_pauses_collector=True); "
+                if paused
+                else "the collector left alone (the default); "
+            )
+            + "baseline: httpx GET of the same value "
+            "bytes from the old server (client built beforehand) + orjson.loads + "
+            "ShopState.model_validate, alternating order" + cpu.note()
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="3 handoffs per size instead of 7")
-    print_table(run(parser.parse_args(argv).quick))
+    parser.add_argument("--only", choices=list(SIZES), help="only this size's rows")
+    args = parser.parse_args(argv)
+    print_table(run(args.quick, args.only))
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Same-port handover under load: ``serve --workers 2`` next to gunicorn, uvicorn and granian.
+"""Same-port handover under load: ``serve --workers 2`` and gunicorn with the library's worker
+class, next to gunicorn, uvicorn and granian.
 
 One host, one port, no router. The demo app (``forgezero_lifecycle.demo.app``, the runtime in
 it) runs under each server with two worker processes while ``CLIENTS`` keep-alive clients
@@ -7,16 +8,18 @@ port; then the server gets a SIGHUP, the reload each of them documents:
 
 * ``forgezero-lifecycle serve --workers 2``: generation 2 starts on the same socket and proves it
   is ready, then generation 1 stops accepting and drains;
-* gunicorn ``-w 2 -k uvicorn_worker.UvicornWorker``: new workers, then the old ones get SIGTERM
-  (the runtime in the app drains on it);
+* gunicorn ``-w 2 -k forgezero_lifecycle.gunicorn.UvicornWorker``: new workers, then the old
+  ones get SIGTERM; each hands its clients over, then drains (docs/servers.md);
+* gunicorn ``-w 2 -k uvicorn_worker.UvicornWorker``: the same, through the runtime's signal hook;
 * ``uvicorn --workers 2``: the workers are restarted one by one;
 * granian ``--workers 2``: the workers are reloaded.
 
 A request the server refused (a 503 ``RUNTIME_DRAINING`` or a refused connection: never
 processed, so the client sent it again) counts as *refused*; one that got no answer, a cut
 stream or another error counts as *lost*. Each round runs every server once, in a rotating
-order, in fresh processes; the figures are per handover. Targets: ``serve`` loses and refuses
-nothing in every round. The peers promise nothing: their rows are comparisons. A peer that is
+order, in fresh processes; the figures are per handover. Targets: ``serve`` and gunicorn with
+the library's worker class lose and refuse nothing in every round. The peers promise nothing:
+their rows are comparisons. A peer that is
 not installed (``pip install -e '.[bench]'``; ``make bench`` does) is a row saying so.
 
 Run ``python -m bench.handover [--quick]``.
@@ -55,15 +58,24 @@ STEADY: Final = 3.0
 PEER_RELOAD: Final = 8.0
 BOUND: Final = 60.0
 COMMAND: Final = ".venv/bin/python -m bench.handover"
+#: The rows with a target: the library's own ways of running several workers.
+OURS: Final = frozenset({"serve", "gunicorn-ours"})
+#: gunicorn's worker class per row.
+WORKER_CLASSES: Final = {
+    "gunicorn-ours": "forgezero_lifecycle.gunicorn.UvicornWorker",
+    "gunicorn": "uvicorn_worker.UvicornWorker",
+}
 #: Each server: its module (to tell whether it is installed) and its command line.
 SERVERS: Final = {
     "serve": "forgezero_lifecycle",
+    "gunicorn-ours": "uvicorn_worker",
     "gunicorn": "uvicorn_worker",
     "uvicorn": "uvicorn",
     "granian": "granian",
 }
 _LABELS: Final = {
     "serve": "forgezero-lifecycle serve --workers 2",
+    "gunicorn-ours": "gunicorn -w 2 (forgezero_lifecycle.gunicorn.UvicornWorker)",
     "gunicorn": "gunicorn -w 2 (UvicornWorker)",
     "uvicorn": "uvicorn --workers 2",
     "granian": "granian --workers 2",
@@ -91,11 +103,11 @@ def _command(kind: str, port: int, revision_file: Path) -> list[str]:
             "--revision-file", str(revision_file), "--drain-timeout", "5s",
             "--log-level", "info", "--no-access-log",
         ]  # fmt: skip
-    if kind == "gunicorn":
+    if kind in WORKER_CLASSES:
         return [
             sys.executable, "-m", "gunicorn", APP, "-w", "2",
-            "-k", "uvicorn_worker.UvicornWorker", "-b", f"127.0.0.1:{port}",
-            "--graceful-timeout", "20", "--log-level", "warning",
+            "-k", WORKER_CLASSES[kind], "-b", f"127.0.0.1:{port}",
+            "--graceful-timeout", "40", "--log-level", "warning",
         ]  # fmt: skip
     if kind == "granian":
         return [
@@ -214,7 +226,7 @@ def _missing(kind: str) -> str | None:
     module = SERVERS[kind]
     if importlib.util.find_spec(module) is None:
         return f"{module} is not installed (pip install -e '.[bench]'; make bench does)"
-    if kind == "gunicorn" and importlib.util.find_spec("gunicorn") is None:
+    if kind in WORKER_CLASSES and importlib.util.find_spec("gunicorn") is None:
         return "gunicorn is not installed (pip install -e '.[bench]'; make bench does)"
     return None
 
@@ -240,7 +252,7 @@ def _rows(kind: str, runs: list[Handover]) -> list[dict[str, Any]]:
         + (f"; in {kept} the workers were NOT all replaced" if kept else "; workers replaced")
         + (f"; e.g. {'; '.join(problems)}" if problems else "")
     )
-    ours = kind == "serve"
+    ours = kind in OURS
     target = "0 every round" if ours else "(comparison)"
     out = [
         row(

@@ -6,6 +6,7 @@ Both generations run this module (``uvicorn bench.apps.state:app``); the environ
     FORGEZERO_CONTROL_TOKEN   control token (≥ 16 characters)
     FORGEZERO_HANDOFF_TOKEN   export token (43 URL-safe characters)
     FORGEZERO_REVISION        this generation's revision (40 hex)
+    FZ_BENCH_PAUSE_COLLECTOR  "1": Runtime(handoff_pauses_collector=True); else the default
 
 The value is ``bench.canonical.build_state`` (carts of a shop) typed by pydantic models, so the
 handoff pays what a real typed state pays: dump, canonical JSON, digest, validation. Besides the
@@ -60,6 +61,7 @@ runtime = Runtime(
     handoff_token=os.environ["FORGEZERO_HANDOFF_TOKEN"],
     revision=os.environ["FORGEZERO_REVISION"],
     state_adapter=adapter,
+    handoff_pauses_collector=os.environ.get("FZ_BENCH_PAUSE_COLLECTOR") == "1",
     exempt=lambda scope: scope["path"].startswith("/bench/"),
 )
 
