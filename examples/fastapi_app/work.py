@@ -20,14 +20,8 @@ import os
 from collections import defaultdict
 from typing import Any, Final
 
-from forgezero_lifecycle import (
-    JobWorker,
-    KeyedQueue,
-    Lease,
-    Runtime,
-    Scheduler,
-    SQLiteJobStore,
-)
+from forgezero_lifecycle import KeyedQueue, Runtime, Scheduler
+from forgezero_lifecycle.jobs import JobWorker, Lease, SQLiteJobStore
 
 RECEIPT_QUEUE: Final = "send-receipt"
 logger = logging.getLogger("examples.fastapi_app")
@@ -48,7 +42,7 @@ class Work:
 
     async def start(self, runtime: Runtime) -> None:
         if self.dsn:
-            from forgezero_lifecycle import PostgresJobStore
+            from forgezero_lifecycle.jobs import PostgresJobStore
 
             self.store = PostgresJobStore(self.dsn, schema="forgezero_example")
         else:

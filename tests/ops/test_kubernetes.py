@@ -3,10 +3,12 @@
 The manifests are parsed here, not copied: ``serve``'s command line, the environment (the
 downward API and the Secret resolved as the kubelet would), the probes' paths and ports and the
 preStop hook's shell command are run against a real ``forgezero-lifecycle serve`` on loopback.
-Only what cannot run on a test machine is substituted: the app (``tests.cli.apps:plain``), the
-host (127.0.0.1), the port (a free one, everywhere the manifest names it) and the Secret's
-placeholders (fresh tokens, as the Secret's comment tells a user to make; the placeholders
-themselves are refused at start-up, which a test here checks too).
+Only what cannot run on a test machine is substituted: the app (``myapp.main:app``: each example
+app in turn, the Quick start's, the FastAPI and the Starlette example, which build their own
+runtime, and ``tests.cli.apps:plain``, which has none), the host (127.0.0.1), the port (a free
+one, everywhere the manifest names it) and the Secret's placeholders (fresh tokens, as the
+Secret's comment tells a user to make; the placeholders themselves are refused at start-up, which
+a test here checks too).
 """
 
 from __future__ import annotations
@@ -34,9 +36,18 @@ from tests.cli.conftest import BOUND, PROJECT_ROOT, free_port
 
 MANIFEST: Final = PROJECT_ROOT / "examples" / "kubernetes" / "deployment.yaml"
 #: What must be left after the drain deadline inside terminationGracePeriodSeconds: the hook's
-#: process start, uvicorn's shutdown and the exit (README "Numbers that must fit together").
+#: process start, uvicorn's shutdown and the exit (docs/deployment.md, "Numbers that must fit
+#: together").
 MARGIN: Final = 10.0
-TEST_APP: Final = "tests.cli.apps:plain"
+#: What runs as ``myapp.main:app``: an app without a runtime (serve builds one from its flags),
+#: and every example app, each building its own runtime from the settings serve exports.
+PLAIN_APP: Final = "tests.cli.apps:plain"
+APPS: Final = (
+    PLAIN_APP,
+    "examples.quickstart.main:app",
+    "examples.fastapi_app.app:app",
+    "examples.starlette_app.app:app",
+)
 
 
 def resources() -> list[dict[str, Any]]:
@@ -65,12 +76,12 @@ def flag(command: list[str], name: str) -> str:
 @pytest.mark.parametrize(
     "resource", resources(), ids=lambda r: f"{r['kind']}-{r['metadata']['name']}"
 )
-def test_every_resource_passes_kubernetes_validate_strict(resource: dict[str, Any]) -> None:
+def test_resources_validate_strict(resource: dict[str, Any]) -> None:
     """kubernetes-validate --strict (offline schemas): no unknown or misplaced field."""
     kubernetes_validate.validate(resource, kubernetes_validate.latest_version(), strict=True)
 
 
-def test_the_service_selects_both_variants_and_each_deployment_only_its_own() -> None:
+def test_service_selects_variants() -> None:
     """Every variant's pods sit behind the Service; no Deployment adopts the other's pods."""
     (service,) = of_kind("Service")
     selector = service["spec"]["selector"].items()
@@ -86,7 +97,7 @@ def test_the_service_selects_both_variants_and_each_deployment_only_its_own() ->
 
 
 @pytest.mark.parametrize("name", sorted(deployments()))
-def test_the_revision_comes_from_one_place(name: str) -> None:
+def test_revision_in_one_place(name: str) -> None:
     """FORGEZERO_REVISION is the pod's revision label (downward API); no flag repeats it."""
     spec = container(deployments()[name])
     labels = deployments()[name]["spec"]["template"]["metadata"]["labels"]
@@ -125,15 +136,23 @@ class Pod:
     """One container of a manifest, run as the kubelet would run it, on loopback."""
 
     def __init__(
-        self, deployment: dict[str, Any], log_path: Path, *, edited_secret: bool = True
+        self,
+        deployment: dict[str, Any],
+        log_path: Path,
+        *,
+        app: str = PLAIN_APP,
+        edited_secret: bool = True,
     ) -> None:
         self.deployment = deployment
+        self.app = app
         self.edited_secret = edited_secret
         self.spec = container(deployment)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, **self._resolved_env()}
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
+        # The FastAPI example's job store: a file of this test's, not one in the repository.
+        self.env["FORGEZERO_JOBS_DB"] = str(log_path.with_suffix(".jobs.sqlite3"))
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -161,7 +180,7 @@ class Pod:
         program, *args = self.spec["command"]
         assert program == "forgezero-lifecycle"
         assert args[:2] == ["serve", "myapp.main:app"]
-        rewritten = [sys.executable, "-m", "forgezero_lifecycle", "serve", TEST_APP]
+        rewritten = [sys.executable, "-m", "forgezero_lifecycle", "serve", self.app]
         for arg in args[2:]:
             if arg.startswith("--host="):
                 arg = "--host=127.0.0.1"
@@ -214,11 +233,12 @@ class Pod:
             self.process.wait(timeout=BOUND)
 
 
-@pytest.fixture
-def pods(tmp_path: Path) -> Iterator[dict[str, Pod]]:
+@pytest.fixture(params=APPS)
+def pods(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Pod]]:
+    """Every Deployment's container, running ``request.param`` as ``myapp.main:app``."""
     made: dict[str, Pod] = {}
     for name, deployment in deployments().items():
-        made[name] = Pod(deployment, tmp_path / f"{name}.log")
+        made[name] = Pod(deployment, tmp_path / f"{name}.log", app=request.param)
     try:
         yield made
     finally:
@@ -227,7 +247,7 @@ def pods(tmp_path: Path) -> Iterator[dict[str, Pod]]:
 
 
 @pytest.mark.server
-def test_the_unedited_secret_is_refused_at_start_up(tmp_path: Path) -> None:
+def test_unedited_secret_refused(tmp_path: Path) -> None:
     """A deployment applied with the example's placeholder tokens does not start (exit 2)."""
     pod = Pod(deployments()["myapp-self-drain"], tmp_path / "unedited.log", edited_secret=False)
     with pod.log_path.open("wb") as log:
@@ -256,7 +276,7 @@ def _refuses_another_revision(pod: Pod) -> None:
 
 
 @pytest.mark.server
-def test_the_self_drain_variant_serves_probes_and_drains_on_sigterm(pods: dict[str, Pod]) -> None:
+def test_self_drain_variant(pods: dict[str, Pod]) -> None:
     """serve's flags as written: probes 200, the revision check on, SIGTERM drains, exit 0."""
     pod = pods["myapp-self-drain"]
     pod.start()
@@ -272,7 +292,7 @@ def test_the_self_drain_variant_serves_probes_and_drains_on_sigterm(pods: dict[s
 
 
 @pytest.mark.server
-def test_the_prestop_variant_hook_drains_then_sigterm_exits(pods: dict[str, Pod]) -> None:
+def test_prestop_variant(pods: dict[str, Pod]) -> None:
     """The preStop command line as written drains the pod (exit 0); SIGTERM then exits 0."""
     pod = pods["myapp-prestop"]
     pod.start()
@@ -295,7 +315,7 @@ def test_the_prestop_variant_hook_drains_then_sigterm_exits(pods: dict[str, Pod]
 
 
 @pytest.mark.server
-def test_the_workers_variant_hook_drains_every_worker_then_sigterm_exits(
+def test_workers_variant(
     pods: dict[str, Pod],
 ) -> None:
     """serve --workers as written: the preStop drain reaches both workers; SIGTERM exits 0."""

@@ -36,7 +36,7 @@ def _drain(timeout_ms: int = 10_000) -> dict[str, Any]:
 
 
 @pytest.mark.anyio
-async def test_the_collector_reads_every_part_at_scrape_time() -> None:
+async def test_collector_reads_at_scrape() -> None:
     """In-flight, drain, job and schedule counters appear under their names and move."""
     clock = ManualClock()
     runtime = Runtime(control_token=TOKEN, clock=clock)
@@ -90,7 +90,7 @@ async def test_the_collector_reads_every_part_at_scrape_time() -> None:
     await worker.stop(timeout=0)
 
 
-def test_metrics_is_served_only_when_a_registry_is_given() -> None:
+def test_served_only_with_registry() -> None:
     """Runtime(metrics=registry) registers the collector there; a second runtime's names clash."""
     registry = CollectorRegistry()
     Runtime(control_token=TOKEN, metrics=registry)
@@ -115,7 +115,7 @@ def _get(samples: dict[Any, float], name: str, **labels: str) -> float:
 
 
 @pytest.mark.server
-def test_a_served_app_scraped_during_a_drain_shows_the_gauges_move_and_return_to_zero(
+def test_gauges_during_drain(
     start_serve: StartServe,
 ) -> None:
     """In flight 1 while draining, a refusal counted, the WebSocket closed at the grace, then 0."""

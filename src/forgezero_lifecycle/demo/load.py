@@ -32,6 +32,8 @@ __all__ = [
 REFUSAL: Final = {"error": "RUNTIME_DRAINING"}
 MAX_ATTEMPTS: Final = 4
 STREAM_CHUNKS: Final = 5
+#: Seconds a pooled connection may stay idle: below the server's keep-alive timeout.
+KEEPALIVE_EXPIRY: Final = 2.0
 
 Outcome = Literal["ok", "refused"]
 
@@ -153,7 +155,14 @@ async def run_http_client(router: Router, tally: HttpTally, stop: asyncio.Event,
 async def one_port_clients(url: str, clients: int, *, seed: int) -> AsyncIterator[HttpTally]:
     """``clients`` keep-alive HTTP clients sending to ``url`` alone (no router to move to) while
     the block runs; stopped and closed when it ends. Yields their tally."""
-    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    # Idle connections expire here before the server's keep-alive timeout (uvicorn's 5 s) does:
+    # at equal timeouts the server's close of an idle connection races the next request sent on
+    # it (docs/servers.md, "A proxy or a client pool in front").
+    limits = httpx.Limits(
+        max_connections=clients + 4,
+        max_keepalive_connections=clients + 4,
+        keepalive_expiry=KEEPALIVE_EXPIRY,
+    )
     http = httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits, trust_env=False)
     router = Router(Target("port", url, http))
     tally = HttpTally()
