@@ -5,6 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
+DOCS_STAMP := $(VENV)/.docs-stamp
 # The PostgreSQL rows of `make bench` (and the procrastinate peer, when installed) use this.
 LOCAL_POSTGRES_DSN := postgresql://postgres@127.0.0.1:5432/test
 export FORGEZERO_BENCH_POSTGRES_DSN ?= $(LOCAL_POSTGRES_DSN)
@@ -13,7 +14,8 @@ export FORGEZERO_BENCH_POSTGRES_DSN ?= $(LOCAL_POSTGRES_DSN)
 PG_ANSWERS = $(BIN)/python -c 'import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=3).close()'
 TEST_POSTGRES_DSN = $(or $(FORGEZERO_TEST_POSTGRES_DSN),$(shell $(PG_ANSWERS) '$(LOCAL_POSTGRES_DSN)' >/dev/null 2>&1 && echo '$(LOCAL_POSTGRES_DSN)'))
 
-.PHONY: install test test-postgres-dsn lint format bench bench-quick demo run soak clean
+.PHONY: install test test-pythons test-oldest test-postgres-dsn lint format docs bench bench-quick \
+	demo run soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +33,39 @@ test: $(STAMP)
 	$(BIN)/coverage combine --quiet
 	$(BIN)/coverage report
 
+# The suite on every CPython 3.11+ this machine has, one after the other, each in its own
+# .venv-3.x: the whole suite on the oldest and the newest, the real-server, serve and CLI tests
+# on the others (tests/pythons.py). TEST_PYTHONS_ARGS: --require fails when a version the
+# classifiers list is missing, --skip 3.11 leaves out one already run, -- passes on to pytest.
+test-pythons: $(STAMP)
+	$(eval DSN := $(TEST_POSTGRES_DSN))
+	FORGEZERO_TEST_POSTGRES_DSN='$(DSN)' $(BIN)/python tests/pythons.py $(TEST_PYTHONS_ARGS)
+
+# The real-server tests on the lowest versions pyproject.toml declares (.ci/oldest-constraints.txt),
+# in a venv of their own. gunicorn's cases are left out (and tests/reliability/test_signal_stop.py,
+# whose plain servers include it): its uvicorn worker needs uvicorn >= 0.36. Two third-party
+# warnings are ignored for this run only: old starlette imports `multipart`, and uvicorn 0.30
+# imports websockets' deprecated `legacy` module.
+OLDEST := .venv-oldest
+OLDEST_STAMP := $(OLDEST)/.installed-stamp
+OLDEST_TESTS := tests/serve tests/asgi tests/real_servers tests/reliability/test_zero_loss.py
+OLDEST_TOOLS := 'pytest>=8.2' 'anyio>=4.4' 'asgi-lifespan>=2.1' 'pytest-timeout>=2.3' \
+	'hypothesis>=6.100' 'uvicorn[standard]' hypercorn fastapi websockets 'granian>=2.0'
+OLDEST_WARNINGS := -W 'ignore:Please use `import python_multipart` instead.:PendingDeprecationWarning' \
+	-W 'ignore:websockets.:DeprecationWarning'
+
+$(OLDEST_STAMP): pyproject.toml .ci/oldest-constraints.txt
+	$(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
+	$(OLDEST)/bin/python -m pip install --quiet -c .ci/oldest-constraints.txt \
+		-e '.[postgres,metrics]' $(OLDEST_TOOLS)
+	touch $(OLDEST_STAMP)
+
+test-oldest: $(OLDEST_STAMP)
+	$(OLDEST)/bin/python -m pip freeze | grep -iE '^(uvicorn|starlette|fastapi|hypercorn|httpx|pydantic|websockets)=='
+	$(OLDEST)/bin/python -m pytest $(OLDEST_TESTS) -k 'not gunicorn' $(OLDEST_WARNINGS) \
+		-p no:cacheprovider $(PYTEST_ARGS)
+
 # The DSN `make test` gives the PostgreSQL tests (empty: they skip).
 test-postgres-dsn:
 	@echo '$(TEST_POSTGRES_DSN)'
@@ -40,6 +75,15 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The documentation site (mkdocs.yml, pyproject's `docs` extra), built into site/. --strict: a
+# broken link, anchor or API reference fails the build.
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix src tests bench examples
@@ -65,10 +109,12 @@ soak: $(STAMP)
 	rm -f reliability-report.jsonl
 	FORGEZERO_SOAK=1 FORGEZERO_RELIABILITY_REPORT=reliability-report.jsonl \
 		$(BIN)/python -m pytest tests/reliability tests/security tests/ops/test_schemathesis.py \
-			tests/serve/test_handover.py -q -rxX -p no:cacheprovider
+			tests/serve/test_handover.py tests/serve/test_foreign_handover.py \
+			tests/serve/test_supervisor_machine.py -q -rxX -p no:cacheprovider
 
 run: $(STAMP)
 	BIN=$(BIN) examples/run.sh
 
 clean:
-	rm -rf $(VENV) .coverage .coverage.* .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-3.* $(OLDEST) site .coverage .coverage.* .pytest_cache .mypy_cache \
+		.ruff_cache
