@@ -1,4 +1,5 @@
-"""The lingering close and the first-byte grace of ``serve``'s connections, on real sockets."""
+"""The lingering close and the first-byte grace of ``serve``'s connections, on real sockets (and
+real uvicorn servers where an upgrade is involved)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from collections.abc import Callable
 from typing import Final
 
 import pytest
+import uvicorn
+from starlette.types import Receive, Scope, Send
+from websockets.asyncio.client import connect
 
 from forgezero_lifecycle.serve.connections import ConnectionStop, zero_loss_protocol
 
@@ -82,3 +86,60 @@ def test_non_uvicorn_protocol_refused() -> None:
     """The stop extends ``on_response_complete``; a protocol without it is a clear TypeError."""
     with pytest.raises(TypeError, match="not a uvicorn protocol"):
         zero_loss_protocol(asyncio.Protocol, ConnectionStop(first_byte_grace=1.0))
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Wait, bounded (10 s), for what the server does on its own."""
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the server never got there")
+
+
+async def _echo(scope: Scope, receive: Receive, send: Send) -> None:
+    """A WebSocket echo (what the sessions of tests/serve/test_handover.py talk to)."""
+    assert scope["type"] == "websocket"
+    await receive()  # websocket.connect
+    await send({"type": "websocket.accept"})
+    while (message := await receive())["type"] == "websocket.receive":
+        await send({"type": "websocket.send", "text": message["text"]})
+
+
+#: "auto" is uvicorn's default WebSocket protocol: websockets' sans-I/O one today, its legacy one
+#: under the uvicorn of ``make test-oldest``.
+@pytest.mark.parametrize("ws", ["auto", "wsproto"])
+# The legacy protocol of make test-oldest's uvicorn (0.30) hands websockets a two-argument
+# handler, which websockets 14 and later accept with this warning (a subprocess never shows it).
+@pytest.mark.filterwarnings("ignore:remove second argument of ws_handler:DeprecationWarning")
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+async def test_upgrade_in_the_first_byte_grace_keeps_its_session(http: str, ws: str) -> None:
+    """A connection idle when a handover stop began whose first request is a WebSocket upgrade:
+    the session it became outlives the first-byte grace (which ended the connection under it,
+    without a close frame, when the grace closed the HTTP protocol uvicorn had left behind)."""
+    grace = 0.3
+    config = uvicorn.Config(
+        _echo, http=http, ws=ws, lifespan="off", log_level="warning", ws_ping_interval=None
+    )
+    config.load()
+    stop = ConnectionStop(first_byte_grace=grace)
+    config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
+    server = uvicorn.Server(config)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    try:
+        await _until(lambda: server.started)
+        client = socket.create_connection(("127.0.0.1", port))
+        client.setblocking(False)
+        connections = server.server_state.connections
+        await _until(lambda: bool(connections))  # accepted: idle, no request yet
+        stop.begin(connections, websockets=False)  # what a handover does at the signal
+        async with connect(f"ws://127.0.0.1:{port}/", sock=client, proxy=None) as session:
+            await asyncio.sleep(grace + 0.5)
+            await session.send("still here")
+            assert await asyncio.wait_for(session.recv(), 5) == "still here"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 10)
+        listener.close()

@@ -71,9 +71,14 @@ class ConnectionStop:
             loop.call_later(self.first_byte_grace, self.close_if_idle, protocol)
 
     def close_if_idle(self, protocol: Any) -> None:
+        transport = protocol.transport
+        if transport.get_protocol() is not protocol:
+            # Upgraded: the connection is a WebSocket session's now (uvicorn handed it over
+            # with set_protocol), left to the drain's notice; closing it would cut the session.
+            return
         cycle = protocol.cycle
         if cycle is None or cycle.response_complete:
-            protocol.transport.close()
+            transport.close()
 
     def linger(self, transport: asyncio.Transport, owner: asyncio.BaseProtocol) -> None:
         """Close ``transport`` the lingering way; ``owner`` is told the connection is lost."""
