@@ -108,6 +108,8 @@ def _command(kind: str, port: int, revision_file: Path) -> list[str]:
             sys.executable, "-m", "gunicorn", APP, "-w", "2",
             "-k", WORKER_CLASSES[kind], "-b", f"127.0.0.1:{port}",
             "--graceful-timeout", "40", "--log-level", "warning",
+            # gunicorn's keep-alive (2 s) is the load's idle expiry: raised to uvicorn's 5 s.
+            "--keep-alive", "5",
         ]  # fmt: skip
     if kind == "granian":
         return [

@@ -48,6 +48,8 @@ RUNS: Final = scale(3, 20)
 SESSIONS: Final = 4
 #: The runtime's signal_drain_timeout in the app (its default).
 DRAIN_TIMEOUT: Final = 30.0
+#: gunicorn's keep-alive timeout here: uvicorn's default, above the load's idle expiry.
+GUNICORN_KEEP_ALIVE: Final = 5
 
 
 WORKER_CLASSES: Final = {
@@ -65,6 +67,9 @@ def _command(kind: str, port: int) -> list[str]:
             sys.executable, "-m", "gunicorn", "tests.serve.reliability_app:app", "-w", "2",
             "-k", WORKER_CLASSES[kind], "-b", f"127.0.0.1:{port}",
             "--graceful-timeout", str(int(required_graceful_timeout(DRAIN_TIMEOUT)) + 1),
+            # gunicorn's keep-alive is 2 s, the load's idle expiry too: at equal timeouts a request
+            # meets the server's idle close, drain or not (docs/servers.md); uvicorn's is 5 s.
+            "--keep-alive", str(GUNICORN_KEEP_ALIVE),
             "--log-level", "warning",
         ]  # fmt: skip
     return [

@@ -326,6 +326,7 @@ def _peer_command(kind: str, port: int) -> list[str]:
             sys.executable, "-m", "gunicorn", "tests.serve.reliability_app:app", "-w", "2",
             "-k", "uvicorn_worker.UvicornWorker", "-b", f"127.0.0.1:{port}",
             "--graceful-timeout", "20", "--log-level", "warning",
+            "--keep-alive", "5",  # above the load's idle expiry (2 s, gunicorn's default too)
         ]  # fmt: skip
     if kind == "granian":
         return [
