@@ -14,7 +14,7 @@ export FORGEZERO_BENCH_POSTGRES_DSN ?= $(LOCAL_POSTGRES_DSN)
 PG_ANSWERS = $(BIN)/python -c 'import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=3).close()'
 TEST_POSTGRES_DSN = $(or $(FORGEZERO_TEST_POSTGRES_DSN),$(shell $(PG_ANSWERS) '$(LOCAL_POSTGRES_DSN)' >/dev/null 2>&1 && echo '$(LOCAL_POSTGRES_DSN)'))
 
-.PHONY: install test test-pythons test-oldest test-postgres-dsn lint format docs bench bench-quick \
+.PHONY: install test coverage test-pythons test-oldest test-postgres-dsn lint format docs bench bench-quick \
 	demo run soak clean
 
 $(STAMP): pyproject.toml
@@ -25,11 +25,22 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The suite runs in TEST_WORKERS pytest-xdist processes whatever the core count: most real-server
+# tests wait on subprocesses, sockets and graces, not on a core (tests/conftest.py starts the
+# longest first). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 8
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS))
+
 test: $(STAMP)
-	rm -f .coverage .coverage.*
 	$(eval DSN := $(TEST_POSTGRES_DSN))
 	@echo "PostgreSQL tests: $(or $(DSN),skipped: nothing answers at $(LOCAL_POSTGRES_DSN) and FORGEZERO_TEST_POSTGRES_DSN is unset)"
-	FORGEZERO_TEST_POSTGRES_DSN='$(DSN)' $(BIN)/coverage run -m pytest $(PYTEST_ARGS)
+	FORGEZERO_TEST_POSTGRES_DSN='$(DSN)' $(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# The same suite with branch coverage, subprocesses included (about twice the CPU of `make test`).
+coverage: $(STAMP)
+	rm -f .coverage .coverage.*
+	$(eval DSN := $(TEST_POSTGRES_DSN))
+	FORGEZERO_TEST_POSTGRES_DSN='$(DSN)' $(BIN)/coverage run -m pytest $(XDIST) $(PYTEST_ARGS)
 	$(BIN)/coverage combine --quiet
 	$(BIN)/coverage report
 
@@ -39,7 +50,8 @@ test: $(STAMP)
 # classifiers list is missing, --skip 3.11 leaves out one already run, -- passes on to pytest.
 test-pythons: $(STAMP)
 	$(eval DSN := $(TEST_POSTGRES_DSN))
-	FORGEZERO_TEST_POSTGRES_DSN='$(DSN)' $(BIN)/python tests/pythons.py $(TEST_PYTHONS_ARGS)
+	FORGEZERO_TEST_POSTGRES_DSN='$(DSN)' $(BIN)/python tests/pythons.py $(TEST_PYTHONS_ARGS) \
+		-- $(XDIST)
 
 # The real-server tests on the lowest versions pyproject.toml declares (.ci/oldest-constraints.txt),
 # in a venv of their own. gunicorn's cases are left out (and tests/reliability/test_signal_stop.py,
@@ -49,7 +61,7 @@ test-pythons: $(STAMP)
 OLDEST := .venv-oldest
 OLDEST_STAMP := $(OLDEST)/.installed-stamp
 OLDEST_TESTS := tests/serve tests/asgi tests/real_servers tests/reliability/test_zero_loss.py
-OLDEST_TOOLS := 'pytest>=8.2' 'anyio>=4.4' 'asgi-lifespan>=2.1' 'pytest-timeout>=2.3' \
+OLDEST_TOOLS := 'pytest>=8.2' 'pytest-xdist>=3.6' 'anyio>=4.4' 'asgi-lifespan>=2.1' 'pytest-timeout>=2.3' \
 	'hypothesis>=6.100' 'uvicorn[standard]' hypercorn fastapi websockets 'granian>=2.0'
 OLDEST_WARNINGS := -W 'ignore:Please use `import python_multipart` instead.:PendingDeprecationWarning' \
 	-W 'ignore:websockets.:DeprecationWarning'
@@ -64,7 +76,7 @@ $(OLDEST_STAMP): pyproject.toml .ci/oldest-constraints.txt
 test-oldest: $(OLDEST_STAMP)
 	$(OLDEST)/bin/python -m pip freeze | grep -iE '^(uvicorn|starlette|fastapi|hypercorn|httpx|pydantic|websockets)=='
 	$(OLDEST)/bin/python -m pytest $(OLDEST_TESTS) -k 'not gunicorn' $(OLDEST_WARNINGS) \
-		-p no:cacheprovider $(PYTEST_ARGS)
+		-p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
 
 # The DSN `make test` gives the PostgreSQL tests (empty: they skip).
 test-postgres-dsn:

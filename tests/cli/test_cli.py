@@ -87,7 +87,9 @@ def test_gave_up_waiting_exits_4(
 ) -> None:
     """`--wait-timeout` shorter than the work: exit 4, and the drain goes on to drained."""
     served = start_serve()
-    served.in_background("/slow?seconds=1")
+    # The request outlives the 0.2 s wait by 2.8 s: on a loaded machine the CLI's own start
+    # took over a second, and a request that ended first let the drain finish in time.
+    served.in_background("/slow?seconds=3")
     served.wait_admitted()
     nonce = new_nonce()
     result = run(

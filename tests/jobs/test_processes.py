@@ -21,7 +21,8 @@ from forgezero_lifecycle.jobs.postgres import PostgresJobStore
 
 from .conftest import postgres_dsn
 
-pytestmark = pytest.mark.anyio
+# Several worker processes share one store: real processes, as the `server` tests start.
+pytestmark = [pytest.mark.anyio, pytest.mark.server]
 
 SCRIPT = Path(__file__).with_name("proc_worker.py")
 
