@@ -254,3 +254,43 @@ async def test_httpx_moves_losing_nothing(
         (200, "HTTP/2")
     ] * 3
     assert processed == ["/before", "/during0", "/during1", "/during2"]
+
+
+@pytest.mark.parametrize("path", ["/.forgezero/runtime/live", "/exempt/probe"])
+async def test_goaway_on_a_connection_that_carried_no_app_request(
+    hypercorn: Any, path: str
+) -> None:
+    """A connection whose only requests were the control plane's (a prober over HTTP/2) or an
+    exempt path's is known to the drain too: it gets the GOAWAY at the drain's first instant and
+    the final one once intake closed, like a connection that carried an app request."""
+    clock = ManualClock()
+    runtime = Runtime(
+        control_token=TOKEN,
+        clock=clock,
+        not_ready_grace=NOT_READY_GRACE,
+        drain_on_signal=False,
+        exempt=lambda scope: str(scope["path"]).startswith("/exempt/"),
+    )
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    served = await hypercorn(runtime.wrap(app))
+    prober = await H2Client.connect(served.port)
+    try:
+        probe = prober.get(path)
+        await prober.wait(lambda: prober.response(probe)[2])
+        assert prober.response(probe)[0] == 200
+        assert runtime.gate.statistics().http == 0  # nothing counted: no app request
+
+        runtime.drain.begin(drain_request())
+        await prober.wait(lambda: goaways(prober))
+        assert goaways(prober) == [(probe, 0)]
+
+        await clock.advance(NOT_READY_GRACE)  # intake closes: the final GOAWAY, then the close
+        await prober.wait(lambda: len(goaways(prober)) == 2)
+        assert goaways(prober)[1] == (probe, 0)
+        await asyncio.wait_for(prober.closed.wait(), BOUND)
+    finally:
+        await prober.aclose()

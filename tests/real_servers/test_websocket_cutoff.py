@@ -11,10 +11,15 @@ way the drain reports ``drained`` and the process exits within the bound docs/st
 the deadline, plus the first-byte grace and the linger under ``serve``, plus the close
 handshake's timeout (``CLOSE_HANDSHAKE_TIMEOUT``). The servers' own graceful timeouts are set
 far above that, so a connection left open would show as a late exit.
+
+The server-push case: twenty clients (the ``websockets`` library) that read every message of
+``/ticks`` (one every 100 ms) and answer the close, under the runtime's default notice spread,
+with both of uvicorn's WebSocket protocols; the same bound holds, and every client gets 1012.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import os
@@ -28,6 +33,8 @@ from typing import Final
 
 import pytest
 from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from forgezero_lifecycle.asgi.middleware import CLOSE_HANDSHAKE_TIMEOUT
 from forgezero_lifecycle.serve.connections import LINGER_TIMEOUT
@@ -146,3 +153,95 @@ def test_non_readers_cut_off(server: RunningServer, path: str) -> None:
         assert abandoned == 0, log  # the close 1012 went out, into a buffer nobody reads
     else:  # each close waited for the client's until the cutoff, which gave it up
         assert abandoned == CLIENTS, log
+
+
+#: The ways of running the server-push case: server kind, extra arguments, the notice spread.
+#: uvicorn's WebSocket protocols are both run (websockets' sans-I/O one is ``auto``).
+PUSH_SERVERS: Final = {
+    "uvicorn-h11": ("uvicorn-h11", "--timeout-graceful-shutdown", SERVER_GRACE),
+    "uvicorn-httptools-wsproto": (
+        "uvicorn-httptools", "--timeout-graceful-shutdown", SERVER_GRACE, "--ws", "wsproto",
+    ),
+    "serve-h11": ("serve-h11", "--drain-timeout", f"{DEADLINE:g}s"),
+    "serve-h11-wsproto": ("serve-h11", "--drain-timeout", f"{DEADLINE:g}s", "--ws", "wsproto"),
+    "serve-httptools": ("serve-httptools", "--drain-timeout", f"{DEADLINE:g}s"),
+    "serve-workers": ("serve-h11", "--drain-timeout", f"{DEADLINE:g}s", "--workers", "2"),
+}  # fmt: skip
+#: The push interval of ``/ticks`` in the server-push case (a user's ticker, not a flood).
+PUSH_INTERVAL: Final = 0.1
+
+
+@pytest.fixture
+def push_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RunningServer]:
+    kind, *extra_args = PUSH_SERVERS[request.param]
+    running = start_server(
+        kind,
+        "tests.real_servers.ws_cutoff_app:app",
+        log_path=tmp_path / f"{kind}.log",
+        environment={
+            "FORGEZERO_CONTROL_TOKEN": CONTROL_TOKEN,
+            "FORGEZERO_STREAM_GRACE": "1",
+            "FORGEZERO_SIGNAL_DRAIN_TIMEOUT": str(DEADLINE),
+            "FORGEZERO_NOTICE_SPREAD": "2",  # the runtime's default spread
+        },
+        log_level="info",
+        extra_args=extra_args,
+        measured=False,
+    )
+    try:
+        if "--workers" in extra_args:
+            _wait_for_log(running, "supervisor.serving")
+        yield running
+    finally:
+        stop_server(running)
+
+
+async def _push_then_stop(server: RunningServer) -> tuple[list[int | None], float]:
+    """CLIENTS reading clients on ``/ticks``, SIGTERM once each has a message: every client's
+    close code, and the seconds from the signal to the process's exit."""
+    url = f"{server.ws_url}/ticks?interval={PUSH_INTERVAL}"
+    codes: list[int | None] = []
+
+    async def reader(opened: asyncio.Event) -> None:
+        async with connect(url, proxy=None, open_timeout=STARTED_BOUND) as session:
+            await session.recv()
+            opened.set()
+            try:
+                async for _ in session:  # reads everything, answers the close
+                    pass
+            except ConnectionClosed:
+                pass
+            codes.append(session.close_code)
+
+    events = [asyncio.Event() for _ in range(CLIENTS)]
+    readers = [asyncio.ensure_future(reader(opened)) for opened in events]
+    try:
+        async with asyncio.timeout(STARTED_BOUND):
+            await asyncio.gather(*(opened.wait() for opened in events))
+        signalled = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(EXIT_BOUND + SLACK):
+            await asyncio.gather(*readers)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # measured, asserted by the test
+            await asyncio.to_thread(server.process.wait, EXIT_BOUND + SLACK)
+        exited = time.monotonic() - signalled
+    finally:
+        for task in readers:
+            task.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+    return codes, exited
+
+
+@pytest.mark.parametrize("push_server", list(PUSH_SERVERS), indirect=True)
+def test_server_push_readers_exit_within_bound(push_server: RunningServer) -> None:
+    """Server-push sessions (the app only sends, every 100 ms) whose clients read everything and
+    answer the close: every client gets 1012, the drain ends drained, and the process exits
+    within the bound of docs/streams.md after SIGTERM, on every run."""
+    codes, exited = asyncio.run(_push_then_stop(push_server))
+    log = push_server.log()
+    assert codes == [1012] * CLIENTS, log
+    # The bound plus SLACK (3 s) for a loaded machine: a connection that held the stop until the
+    # server's own graceful timeout (DEADLINE + 5 s under serve, 60 s under uvicorn) is past it.
+    assert exited <= EXIT_BOUND + SLACK, f"exit {exited:.2f} s after SIGTERM:\n{log}"
+    assert "drain.drained" in log, log
+    assert "drain.failed" not in log, log

@@ -156,9 +156,10 @@ class InFlightMiddleware:
         #: The WebSocket sessions running now, for the same (a send of theirs made before the
         #: drain and still blocked at the cutoff).
         self._sessions: set[_WebSocketSession] = set()
-        #: hypercorn's HTTP/2 connections seen (one request of theirs at least), for the GOAWAY
-        #: a drain sends at its first instant and once intake closed; and those with streams
-        #: still running then, with the GOAWAY each waits to be sent (True: the final one).
+        #: hypercorn's HTTP/2 connections seen (one request of theirs at least: an app's, a
+        #: control or an exempt one), for the GOAWAY a drain sends at its first instant and once
+        #: intake closed; and those with streams still running then, with the GOAWAY each waits
+        #: to be sent (True: the final one).
         self._h2: weakref.WeakSet[Any] = weakref.WeakSet()
         self._h2_waiting: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         #: The last stream id each connection's GOAWAY named: a later stream is not processed.
@@ -194,6 +195,10 @@ class InFlightMiddleware:
         if scope["type"] != "http" or self._screen or CONTROL_PREFIX in scope["path"]:
             elsewhere = self._route(scope)
             if elsewhere is not None:
+                if scope["type"] == "http" and scope.get("http_version") == "2":
+                    # A control or exempt request: never refused, but its connection is one
+                    # a drain must tell to go (a prober's, say, that carries nothing else).
+                    self._past_goaway(send)
                 await elsewhere(scope, receive, send)
                 return
         # Under uvicorn, while serving: the server's own receive and send, counted as a member of
@@ -355,10 +360,11 @@ class InFlightMiddleware:
         return False
 
     def _past_goaway(self, send: Send) -> bool:
-        """Note the HTTP/2 connection of a request under hypercorn (one first seen while
-        draining is told GOAWAY once this request is done); True when the request's stream
-        came after the GOAWAY sent on it, which said such a stream is not processed (the
-        client retries it elsewhere): it gets the refusal, and the app never sees it."""
+        """Note the HTTP/2 connection of a request under hypercorn, whatever the request (one
+        first seen while draining is told GOAWAY once this request is done); True when the
+        request's stream came after the GOAWAY sent on it, which said such a stream is not
+        processed (the client retries it elsewhere): a counted request then gets the refusal,
+        and the app never sees it."""
         try:
             protocol = _hypercorn.h2_connection(send)
             if protocol is None:
