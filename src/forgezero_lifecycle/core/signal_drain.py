@@ -35,6 +35,9 @@ keeps its own stop, and says so at startup). At the first signal:
   over first: it stops accepting at once (the queue stays with the siblings) and for
   ``HANDOVER_GRACE`` answers what arrives on its open connections with ``Connection: close``, so
   keep-alive clients reconnect to a sibling; then the drain begins, with the rest of the deadline.
+  It keeps a descriptor of the listener meanwhile: at the final stop, once no sibling accepts on
+  it nor can again, it accepts again and refuses, and its stop empties the queue
+  (:meth:`~forgezero_lifecycle.stop.server.ServerStop.hand_over`, the final stop).
 
 Nothing is hooked when no server handler is installed (the default disposition, or Python's own
 ``KeyboardInterrupt`` handler for SIGINT, or ``asyncio.run``'s, as under pytest or
