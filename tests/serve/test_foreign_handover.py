@@ -192,13 +192,19 @@ IDLE_HOLDERS: Final = 10
 IDLE_THINK: Final = 1.5
 FRESH_CLIENTS: Final = 10
 FRESH_LATENESS: Final = 0.3
+#: How long the app's startup takes in the reload whose starting worker is stopped.
+STARTUP_DELAY: Final = 2.0
 #: The load goes on this long after the server's parent is gone (it must meet a refused port).
 LOAD_AFTER_EXIT: Final = 0.5
 
 
-async def final_stop_under_load(kind: str, tmp_path: Path, seed: int) -> dict[str, object]:
+async def final_stop_under_load(
+    kind: str, tmp_path: Path, seed: int, *, stop_a_starting_worker: bool = False
+) -> dict[str, object]:
     """One reload, then the final SIGTERM while every client keeps sending: each request judged
-    once (answered, refused with 503 or a refused connection, or lost)."""
+    once (answered, refused with 503 or a refused connection, or lost). ``stop_a_starting_worker``:
+    the app's startup takes STARTUP_DELAY, and one new worker of the reload gets SIGTERM during
+    it (as gunicorn's next HUP or TTOU sends it)."""
     port = free_port()
     records = tmp_path / "worker-records"
     records.mkdir()
@@ -211,6 +217,8 @@ async def final_stop_under_load(kind: str, tmp_path: Path, seed: int) -> dict[st
         "FZREL_RECORDS": str(records / "{pid}.records"),
         "FZREL_STREAM_GRACE": "1.0",
     }
+    if stop_a_starting_worker:
+        environment["FZREL_STARTUP_DELAY"] = str(STARTUP_DELAY)
     process = await anyio.to_thread.run_sync(
         lambda: popen_logged(_command(kind, port), environment, log_path)
     )
@@ -243,9 +251,21 @@ async def final_stop_under_load(kind: str, tmp_path: Path, seed: int) -> dict[st
             first = _workers(process.pid)
             seen |= first
             process.send_signal(signal.SIGHUP)
+            if stop_a_starting_worker:
+                with anyio.fail_after(30):
+                    while not _workers(process.pid) - first:  # noqa: ASYNC110 - /proc
+                        await anyio.sleep(0.02)
+                # Margin: SIGTERM within ~0.1 s of the fork, well inside its STARTUP_DELAY.
+                starting = min(_workers(process.pid) - first)
+                seen.add(starting)
+                os.kill(starting, signal.SIGTERM)
+                first.add(starting)
             with anyio.fail_after(60):  # the reload is over once every first worker is gone
                 while first & _workers(process.pid):
                     seen.update(children_of(process.pid))
+                    await anyio.sleep(0.1)
+            with anyio.fail_after(60):  # and the workers that replace them serve
+                while not await _live(url):  # noqa: ASYNC110 - a probe over HTTP
                     await anyio.sleep(0.1)
             seen.update(children_of(process.pid))
             await anyio.sleep(1.0)  # the new workers carry the load for a while
@@ -314,3 +334,16 @@ async def test_final_stop_under_load_refuses_and_loses_nothing(kind: str, tmp_pa
     assert result["refused_before_stop"] == 0, result
     assert result["exit_code"] == 0, result
     assert result["after_stop"] > 0, result  # the load really met the final stop
+
+
+@pytest.mark.timeout(scale(120, 600))
+async def test_worker_stopped_while_starting_refuses_nothing(tmp_path: Path) -> None:
+    """gunicorn: a new worker that gets SIGTERM during its start-up hands over once it serves,
+    instead of draining at once and then accepting with intake closed (503 before the stop)."""
+    result = await final_stop_under_load(
+        "gunicorn-ours", tmp_path, seed=310, stop_a_starting_worker=True
+    )
+    report("foreign-stopped-while-starting", **{k: v for k, v in result.items() if k != "log"})
+    assert result["problems"] == [], result
+    assert result["lost"] == 0, result
+    assert result["refused_before_stop"] == 0, result

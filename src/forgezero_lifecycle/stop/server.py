@@ -220,6 +220,11 @@ class ServerStop:
         return held
 
     @property
+    def serving(self) -> bool:
+        """Whether the server has finished its start-up and serves on its listeners."""
+        return bool(self._server.started)
+
+    @property
     def bound_itself(self) -> bool:
         """Whether uvicorn bound its listener itself (not ``--fd``, ``--uds`` or inherited)."""
         config = self._server.config
