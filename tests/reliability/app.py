@@ -12,6 +12,7 @@ Configured from the environment the tests set (the library itself reads none)::
     FZREL_JOBS_SCHEMA    PostgreSQL schema of the job store
     FZREL_JOB_SECONDS    how long a job's handler works before it commits
     FZREL_JOB_LEASE      the worker's lease, seconds
+    FZREL_STARTUP_DELAY  seconds the lifespan startup takes (a slow app's start-up)
 
 Records (``FZREL_RECORDS``), written with one unbuffered ``write`` each, so a SIGKILL loses none::
 
@@ -237,6 +238,7 @@ async def _open_store(target: str) -> tuple[Any, str]:
 
 @asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    await asyncio.sleep(float(os.environ.get("FZREL_STARTUP_DELAY", "0")))
     target = os.environ.get("FZREL_JOBS")
     if not target:
         yield

@@ -9,6 +9,11 @@ answers what arrives on its open connections with ``Connection: close`` before i
 intake), so every request is answered by some worker: 0 lost, 0 refused before the final stop.
 The final stop comes after the load (as in ``test_handover.py``) and must exit cleanly.
 
+``test_final_stop_under_load_refuses_and_loses_nothing`` keeps a load sending through a reload
+and then through the final SIGTERM (keep-alive clients, idle holders, clients that open a fresh
+connection per request, one attempt each): every request is answered or refused (503, or a
+refused connection), none is reset after it was sent, none is refused before the SIGTERM.
+
 uvicorn-worker's own ``UvicornWorker`` gets the same stop from the runtime's signal hook (which
 attaches it to any uvicorn ``Server`` at lifespan startup), so it is checked here too.
 """
@@ -19,6 +24,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Final
 
@@ -27,9 +33,10 @@ import httpx
 import pytest
 
 from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, popen_logged
+from tests.reliability._load import HttpLoad, LateSenders, Router, Target
 from tests.reliability._records import ServerRecords
 from tests.reliability._soak import report, scale
-from tests.reliability._verify import judge
+from tests.reliability._verify import judge, judge_stop
 
 from .conftest import alive
 from .test_foreign import _children as children_of
@@ -175,3 +182,168 @@ async def test_foreign_reloads_lose_nothing(tmp_path: Path, kind: str, run: int)
     assert result["websocket_problems"] == [], result
     assert result["pids_answering"] >= 4, result  # both generations of both reloads answered
     assert result["exit_code"] == 0, result
+
+
+#: The final stop under a load that keeps sending through it: keep-alive clients, idle holders
+#: (they wait up to IDLE_THINK between requests on a kept-alive connection) and clients that open
+#: a fresh connection per request and send up to FRESH_LATENESS after the connect.
+FINAL_CLIENTS: Final = 30
+IDLE_HOLDERS: Final = 10
+IDLE_THINK: Final = 1.5
+FRESH_CLIENTS: Final = 10
+FRESH_LATENESS: Final = 0.3
+#: How long the app's startup takes in the reload whose starting worker is stopped.
+STARTUP_DELAY: Final = 2.0
+#: The load goes on this long after the server's parent is gone (it must meet a refused port).
+LOAD_AFTER_EXIT: Final = 0.5
+
+
+async def final_stop_under_load(
+    kind: str, tmp_path: Path, seed: int, *, stop_a_starting_worker: bool = False
+) -> dict[str, object]:
+    """One reload, then the final SIGTERM while every client keeps sending: each request judged
+    once (answered, refused with 503 or a refused connection, or lost). ``stop_a_starting_worker``:
+    the app's startup takes STARTUP_DELAY, and one new worker of the reload gets SIGTERM during
+    it (as gunicorn's next HUP or TTOU sends it)."""
+    port = free_port()
+    records = tmp_path / "worker-records"
+    records.mkdir()
+    log_path = tmp_path / "server.log"
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(PROJECT_ROOT),
+        "FORGEZERO_CONTROL_TOKEN": CONTROL_TOKEN,
+        "FZREL_GENERATION": LABEL,
+        "FZREL_RECORDS": str(records / "{pid}.records"),
+        "FZREL_STREAM_GRACE": "1.0",
+    }
+    if stop_a_starting_worker:
+        environment["FZREL_STARTUP_DELAY"] = str(STARTUP_DELAY)
+    process = await anyio.to_thread.run_sync(
+        lambda: popen_logged(_command(kind, port), environment, log_path)
+    )
+    seen: set[int] = set()
+    url = f"http://127.0.0.1:{port}"
+    loads = [
+        HttpLoad(_one_port(url, FINAL_CLIENTS), clients=FINAL_CLIENTS, seed=seed, retry=False),
+        HttpLoad(
+            _one_port(url, IDLE_HOLDERS),
+            clients=IDLE_HOLDERS,
+            seed=seed + 1,
+            think=IDLE_THINK,
+            retry=False,
+            kinds=("fast", "post"),
+        ),
+    ]
+    fresh = LateSenders(url, LABEL, clients=FRESH_CLIENTS, seed=seed, lateness=FRESH_LATENESS)
+    exit_code: int | None = None
+    signalled = exited = 0.0
+    try:
+        with anyio.fail_after(60):
+            while not await _live(url):
+                seen.update(children_of(process.pid))
+                await anyio.sleep(0.1)
+        async with anyio.create_task_group() as group:
+            for load in loads:
+                group.start_soon(load.run)
+            group.start_soon(fresh.run)
+            await anyio.sleep(1.0)  # the load is under way (not a margin: any time would do)
+            first = _workers(process.pid)
+            seen |= first
+            process.send_signal(signal.SIGHUP)
+            if stop_a_starting_worker:
+                with anyio.fail_after(30):
+                    while not _workers(process.pid) - first:  # noqa: ASYNC110 - /proc
+                        await anyio.sleep(0.02)
+                # Margin: SIGTERM within ~0.1 s of the fork, well inside its STARTUP_DELAY.
+                starting = min(_workers(process.pid) - first)
+                seen.add(starting)
+                os.kill(starting, signal.SIGTERM)
+                first.add(starting)
+            with anyio.fail_after(60):  # the reload is over once every first worker is gone
+                while first & _workers(process.pid):
+                    seen.update(children_of(process.pid))
+                    await anyio.sleep(0.1)
+            with anyio.fail_after(60):  # and the workers that replace them serve
+                while not await _live(url):  # noqa: ASYNC110 - a probe over HTTP
+                    await anyio.sleep(0.1)
+            seen.update(children_of(process.pid))
+            await anyio.sleep(1.0)  # the new workers carry the load for a while
+            signalled = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            exit_code = await anyio.to_thread.run_sync(lambda: process.wait(60))
+            exited = time.monotonic()
+            await anyio.sleep(LOAD_AFTER_EXIT)
+            for load in loads:
+                load.stop()
+            fresh.stop()
+    finally:
+        seen.update(children_of(process.pid))
+        if process.poll() is None:
+            process.kill()
+            await anyio.to_thread.run_sync(lambda: process.wait(60))
+        for pid in seen:
+            with contextlib.suppress(ProcessLookupError):
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+        for load in loads:
+            await _close(load)
+    per_pid = {
+        int(path.name.split(".")[0]): ServerRecords.read(path) for path in records.glob("*.records")
+    }
+    all_records = [r for load in loads for r in load.records] + fresh.records
+    verdict = judge_stop(all_records, _merged(per_pid))
+    refusals = ("refused", "connect-refused")
+    return {
+        **verdict.counts(),
+        "requests": len(all_records),
+        "refused_before_stop": sum(
+            r.outcome in refusals and r.done_at < signalled for r in all_records
+        ),
+        "after_stop": sum(r.done_at >= signalled for r in all_records),
+        "stop_seconds": round(exited - signalled, 2),
+        "problems": verdict.problems[:10],
+        "exit_code": exit_code,
+        "log": log_path.read_text()[-3000:],
+    }
+
+
+def _workers(parent: int) -> set[int]:
+    """The server's workers: its children but multiprocessing's resource tracker."""
+    found = set()
+    for pid in children_of(parent):
+        with contextlib.suppress(OSError):
+            if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.add(pid)
+    return found
+
+
+def _one_port(url: str, clients: int) -> Router:
+    return Router(Target.open(LABEL, url, clients + 5))
+
+
+@pytest.mark.parametrize("kind", ["uvicorn-workers", "gunicorn-ours"])
+@pytest.mark.timeout(scale(120, 600))
+async def test_final_stop_under_load_refuses_and_loses_nothing(kind: str, tmp_path: Path) -> None:
+    """A reload, then the final stop while clients keep sending: every request is answered or
+    refused (503, or a refused connection), none after it was sent; nothing refused before."""
+    result = await final_stop_under_load(kind, tmp_path, seed=300)
+    report(f"foreign-final-stop-{kind}", **{k: v for k, v in result.items() if k != "log"})
+    assert result["problems"] == [], result
+    assert result["lost"] == 0, result
+    assert result["refused_before_stop"] == 0, result
+    assert result["exit_code"] == 0, result
+    assert result["after_stop"] > 0, result  # the load really met the final stop
+
+
+@pytest.mark.timeout(scale(120, 600))
+async def test_worker_stopped_while_starting_refuses_nothing(tmp_path: Path) -> None:
+    """gunicorn: a new worker that gets SIGTERM during its start-up hands over once it serves,
+    instead of draining at once and then accepting with intake closed (503 before the stop)."""
+    result = await final_stop_under_load(
+        "gunicorn-ours", tmp_path, seed=310, stop_a_starting_worker=True
+    )
+    report("foreign-stopped-while-starting", **{k: v for k, v in result.items() if k != "log"})
+    assert result["problems"] == [], result
+    assert result["lost"] == 0, result
+    assert result["refused_before_stop"] == 0, result

@@ -16,26 +16,11 @@ import socket
 import sys
 from pathlib import Path
 
+from ..stop._proc import parent_of, socket_inodes
+
 __all__ = ["listening_inodes", "shares_listener", "sibling_pids"]
 
 _PROC = Path("/proc")
-
-
-def _socket_inodes(pid: int | str) -> dict[int, int]:
-    """``{inode: fd}`` of the sockets among ``pid``'s descriptors (empty when unreadable)."""
-    found: dict[int, int] = {}
-    try:
-        entries = list((_PROC / str(pid) / "fd").iterdir())
-    except OSError:
-        return found
-    for entry in entries:
-        try:
-            target = os.readlink(entry)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            found[int(target[8:-1])] = int(entry.name)
-    return found
 
 
 def listening_inodes() -> set[int]:
@@ -43,7 +28,7 @@ def listening_inodes() -> set[int]:
     if not sys.platform.startswith("linux"):
         return set()
     listening: set[int] = set()
-    for inode, fd in _socket_inodes("self").items():
+    for inode, fd in socket_inodes("self").items():
         try:
             probe = socket.socket(fileno=os.dup(fd))
         except OSError:
@@ -74,9 +59,9 @@ def sibling_pids() -> tuple[int, ...]:
         return ()
     for name in entries:
         pid = int(name)
-        if pid == me or _parent_of(pid) != parent:
+        if pid == me or parent_of(pid) != parent:
             continue
-        if mine & _socket_inodes(pid).keys():
+        if mine & socket_inodes(pid).keys():
             found.append(pid)
     return tuple(sorted(found))
 
@@ -90,7 +75,7 @@ def shares_listener(inodes: set[int]) -> bool:
     parent = os.getppid()
     if parent <= 1:
         return False
-    if inodes & _socket_inodes(parent).keys():
+    if inodes & socket_inodes(parent).keys():
         return True
     me = os.getpid()
     try:
@@ -99,16 +84,7 @@ def shares_listener(inodes: set[int]) -> bool:
         return False
     return any(
         int(name) != me
-        and _parent_of(int(name)) == parent
-        and bool(inodes & _socket_inodes(name).keys())
+        and parent_of(int(name)) == parent
+        and bool(inodes & socket_inodes(name).keys())
         for name in entries
     )
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        stat = (_PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[1]) if fields[0] != "Z" else None

@@ -35,6 +35,15 @@ keeps its own stop, and says so at startup). At the first signal:
   over first: it stops accepting at once (the queue stays with the siblings) and for
   ``HANDOVER_GRACE`` answers what arrives on its open connections with ``Connection: close``, so
   keep-alive clients reconnect to a sibling; then the drain begins, with the rest of the deadline.
+  It keeps a descriptor of the listener meanwhile: at the final stop, once no sibling accepts on
+  it nor can again, it accepts again and refuses, and its stop empties the queue
+  (:meth:`~forgezero_lifecycle.stop.server.ServerStop.hand_over`, the final stop).
+
+A signal that arrives while the server starts (the hook is installed when the app's lifespan
+starts, before the app's own startup and before uvicorn serves) begins the server's part and the
+drain only once the server serves (at most half the deadline later): a worker of a reload's
+new generation stopped during its start-up then hands over like any other, instead of seeing no
+listener of its own, draining at once and then accepting with intake closed.
 
 Nothing is hooked when no server handler is installed (the default disposition, or Python's own
 ``KeyboardInterrupt`` handler for SIGINT, or ``asyncio.run``'s, as under pytest or
@@ -69,6 +78,8 @@ logger = logging.getLogger("forgezero_lifecycle.signals")
 
 #: The signals that begin a drain.
 HOOKED_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+#: Pause between two looks at whether a server that got the signal during its start-up serves.
+STARTUP_POLL: Final = 0.02
 
 _State = Literal["idle", "hooked", "unhookable", "done", "disabled"]
 _SignalHandler = Callable[[int, FrameType | None], Any]
@@ -254,7 +265,8 @@ class SignalDrain:
             signal.Signals(signum).name,
             self._timeout,
         )
-        grace = self._stop_begins()
+        stop = self._server_stop
+        grace = None if stop is not None and not stop.serving else self._stop_begins()
         self._task = asyncio.get_running_loop().create_task(self._drain_then_stop(signum, grace))
 
     def _stop_begins(self) -> float:
@@ -271,8 +283,25 @@ class SignalDrain:
         stop.hand_over()
         return min(HANDOVER_GRACE, self._timeout / 2)
 
-    async def _drain_then_stop(self, signum: int, grace: float = 0.0) -> None:
+    async def _server_serving(self) -> float:
+        """A signal during the server's start-up (the hook is installed before the app's own
+        startup, uvicorn binds its listeners after it): wait until the server serves, at most
+        half the deadline, then begin its stop. Begun earlier, it would see no listener of its
+        own, drain at once and then accept with intake closed, refusing a reload's clients."""
+        stop = self._server_stop
+        assert stop is not None
+        logger.info("signal.server_starting: the stop begins once the server serves")
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self._timeout / 2
+        # Polled: uvicorn sets a plain attribute (Server.started) once it serves.
+        while not stop.serving and loop.time() < give_up_at:  # noqa: ASYNC110
+            await asyncio.sleep(STARTUP_POLL)
+        return self._stop_begins()
+
+    async def _drain_then_stop(self, signum: int, grace: float | None = 0.0) -> None:
         try:
+            if grace is None:
+                grace = await self._server_serving()
             if grace > 0:  # the handover: open connections move to the siblings first
                 await asyncio.sleep(grace)
             state = await self_drain(

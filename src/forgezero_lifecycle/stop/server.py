@@ -15,6 +15,20 @@ A stop on a shared listener can begin as a handover (:meth:`ServerStop.hand_over
 process stops accepting at once and every HTTP connection is armed, so keep-alive clients are
 answered with ``Connection: close`` and reconnect to a sibling while the drain has not closed
 intake yet; nothing is refused.
+
+A handover is right at a reload, where a sibling goes on accepting (uvicorn ``--workers``
+replaces a worker only once its replacement is ready; gunicorn's HUP starts the new workers
+before it stops the old ones). At the final stop every worker is told to stop at once, and the
+clients would reconnect into an accept queue nobody takes from any more, which is reset when the
+last process holding the listener exits. So the handing-over worker keeps a descriptor of the
+listener and watches (:meth:`ServerStop.watch_for_final_stop`) whether a sibling still accepts
+(:func:`._proc.accepting_elsewhere`: its event loop watches the listener). Once none does, and no sibling can start accepting again (gunicorn's arbiter has
+closed its listener, which it does only at its final stop; uvicorn's parent starts no worker at
+its final stop), the stop is the final one: the worker accepts again, answers every request with
+``Connection: close`` (the drain refuses them with 503 once intake is closed), and its shutdown
+treats the listener as its own (step 1 above: new handshakes refused, the queue emptied).
+Several workers may all conclude so at once: each keeps accepting until the queue is empty after
+the filter is attached, so the last one to close leaves nothing queued.
 """
 
 from __future__ import annotations
@@ -30,6 +44,7 @@ from typing import Any, Final, final
 import uvicorn
 
 from . import _uvicorn
+from ._proc import accepting_elsewhere, parent_holds
 from .connections import ConnectionStop, zero_loss_protocol
 from .sockets import ListeningSocket, accept_queue_length, refuse_new_connections
 
@@ -55,6 +70,9 @@ FIRST_BYTE_GRACE: Final = 1.0
 #: How long a handing-over worker keeps answering on its open connections before its drain
 #: closes intake: longer than the first-byte grace, so every idle connection has closed by then.
 HANDOVER_GRACE: Final = FIRST_BYTE_GRACE + 0.5
+#: Pause between two looks of a handing-over worker at whether a sibling still accepts: the
+#: longest its clients may wait in the queue at the final stop before it accepts them again.
+FINAL_STOP_POLL: Final = 0.05
 
 
 async def zero_loss_shutdown(
@@ -130,11 +148,14 @@ class ZeroLossServer(uvicorn.Server):
         super().__init__(config)
         self.zero_loss_stop = stop
         self.shared_listener = shared_listener
+        #: The runtime's signal hook's hold on this server (:meth:`ServerStop.attach`), if any.
+        self.server_stop: ServerStop | None = None
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        await zero_loss_shutdown(
-            self, self.zero_loss_stop, own_listener=not self.shared_listener, sockets=sockets
-        )
+        own = not self.shared_listener
+        if self.server_stop is not None:
+            own = await self.server_stop.settle()
+        await zero_loss_shutdown(self, self.zero_loss_stop, own_listener=own, sockets=sockets)
 
 
 @final
@@ -147,13 +168,17 @@ class ServerStop:
     already has it (``serve``, :class:`forgezero_lifecycle.gunicorn.UvicornWorker`) is only held.
     """
 
-    __slots__ = ("_server", "shared_listener", "stop")
+    __slots__ = ("_final", "_held", "_server", "_watcher", "shared_listener", "stop")
 
     def __init__(self, server: uvicorn.Server, stop: ConnectionStop) -> None:
         self._server = server
         self.stop = stop
         #: Whether other processes accept on the listener too; the hook sets it at the signal.
         self.shared_listener = True
+        #: This process's own descriptors of the listener it handed over (kept to resume).
+        self._held: list[socket.socket] = []
+        self._final = False
+        self._watcher: asyncio.Task[None] | None = None
 
     @classmethod
     def attach(cls, server: object) -> ServerStop | None:
@@ -162,7 +187,8 @@ class ServerStop:
         if not isinstance(server, uvicorn.Server):
             return None
         if isinstance(server, ZeroLossServer):
-            return cls(server, server.zero_loss_stop)
+            server.server_stop = cls(server, server.zero_loss_stop)
+            return server.server_stop
         lacking = _uvicorn.missing(server)
         if lacking:
             logger.warning(
@@ -186,13 +212,17 @@ class ServerStop:
 
         async def shutdown(sockets: list[socket.socket] | None = None) -> None:
             _UVICORN_LOG.info("Shutting down")  # uvicorn's own line, which its users look for
-            await zero_loss_shutdown(
-                server, stop, own_listener=not held.shared_listener, sockets=sockets
-            )
+            own = await held.settle()
+            await zero_loss_shutdown(server, stop, own_listener=own, sockets=sockets)
 
         server.shutdown = shutdown  # type: ignore[method-assign]
         logger.info("stop.attached uvicorn=%s http=%s", _uvicorn.version(), protocol.__name__)
         return held
+
+    @property
+    def serving(self) -> bool:
+        """Whether the server has finished its start-up and serves on its listeners."""
+        return bool(self._server.started)
 
     @property
     def bound_itself(self) -> bool:
@@ -213,15 +243,88 @@ class ServerStop:
         """Stop accepting now and arm every HTTP connection; returns how many were open.
 
         Only this process's descriptors of the listening socket are closed: the kernel socket
-        and its accept queue stay with the processes that still accept on it.
+        and its accept queue stay with the processes that still accept on it. One duplicate of
+        each is kept, for :meth:`watch_for_final_stop`.
         """
         for listening in self._server.servers:
+            for sock in listening.sockets:
+                with contextlib.suppress(OSError):
+                    self._held.append(socket.socket(fileno=os.dup(sock.fileno())))
             listening.close()
         connections = self._server.server_state.connections
         self.stop.begin(connections, websockets=False)
         count = len(connections)
         logger.info("stop.handover connections=%d", count)
+        if self._held and self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_for_final_stop())
+            self._watcher.add_done_callback(_report_crash)
         return count
+
+    async def _watch_for_final_stop(self) -> None:
+        """After :meth:`hand_over`: once no other process accepts on the listener, nor will
+        again, accept on it again (the module docstring); until then, or until :meth:`settle`."""
+        inodes = {os.fstat(sock.fileno()).st_ino for sock in self._held}
+        # Polled: the kernel tells nobody when another process stops watching a listener.
+        while not self._is_final(inodes):  # noqa: ASYNC110
+            await asyncio.sleep(FINAL_STOP_POLL)
+        await self._resume()
+
+    async def settle(self) -> bool:
+        """At the server's shutdown: whether this process is to treat the listener as its own
+        (its own listener, or the final stop of a shared one). Ends the watch; a listener kept
+        for nothing is closed."""
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and not watcher.done():
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        if not self.shared_listener:
+            return True
+        if self._held and not self._final:
+            inodes = {os.fstat(sock.fileno()).st_ino for sock in self._held}
+            if self._is_final(inodes):
+                await self._resume()
+        held, self._held = self._held, []
+        if not self._final:
+            for sock in held:
+                sock.close()
+        return self._final
+
+    def _is_final(self, inodes: set[int]) -> bool:
+        """No sibling accepts on the listener, and none can start to: gunicorn's arbiter closed
+        its listener (it does so only at its final stop), or the parent is uvicorn's own
+        multi-process supervisor, which replaces a worker only once the replacement is ready
+        and so stops every worker at once only at its final stop."""
+        if accepting_elsewhere(inodes):
+            return False
+        return self._server.config.workers > 1 or not parent_holds(inodes)
+
+    async def _resume(self) -> None:
+        """Accept on the kept listener again, the way ``Server.startup`` does (:mod:`._uvicorn`);
+        every connection made from now on is armed, since the stop has begun."""
+        server, config = self._server, self._server.config
+        state, app_state = server.server_state, server.lifespan.state
+
+        def protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            made: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=state, app_state=app_state, _loop=_loop
+            )
+            return made
+
+        loop = asyncio.get_running_loop()
+        for sock in self._held:
+            listening = await loop.create_server(
+                protocol, sock=sock, ssl=config.ssl, backlog=config.backlog
+            )
+            server.servers.append(listening)
+        self._held = []
+        self._final = True
+        self.shared_listener = False
+        logger.info(
+            "stop.final_stop listeners=%d: no other process accepts on the listener any more; "
+            "this one accepts again, answers with Connection: close and empties the queue",
+            len(server.servers),
+        )
 
     def close_after_responses(self) -> None:
         """Close every connection whose response is under way once that response ends (for
@@ -230,3 +333,11 @@ class ServerStop:
             cycle = getattr(connection, "cycle", None)
             if cycle is not None and not cycle.response_complete:
                 cycle.keep_alive = False
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error(
+            "stop.final_stop_failed: the listener is left to the other processes",
+            exc_info=task.exception(),
+        )
