@@ -12,9 +12,12 @@ from typing import Final
 import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.websockets.wsproto_impl import WSProtocol
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from forgezero_lifecycle.serve.connections import ConnectionStop, zero_loss_protocol
+from forgezero_lifecycle.stop.server import ZeroLossServer
 
 pytestmark = pytest.mark.anyio
 
@@ -143,3 +146,58 @@ async def test_upgrade_in_the_first_byte_grace_keeps_its_session(http: str, ws: 
         server.should_exit = True
         await asyncio.wait_for(serving, 10)
         listener.close()
+
+
+class _CloseNeverCompletes(WSProtocol):
+    """uvicorn's wsproto session, except that the stop's close notice is lost: it stands in for
+    a session whose close never completes, seen from outside under ``serve`` (a stop that waited
+    out the 15 s graceful timeout for one such connection) and not reproduced with a real
+    client, so the fault is made here on demand."""
+
+    def shutdown(self) -> None:
+        pass
+
+
+async def _waits_for_disconnect(scope: Scope, receive: Receive, send: Send) -> None:
+    assert scope["type"] == "websocket"
+    await receive()  # websocket.connect
+    await send({"type": "websocket.accept"})
+    while (await receive())["type"] != "websocket.disconnect":
+        pass
+
+
+async def test_stop_aborts_a_connection_it_cannot_close(caplog: pytest.LogCaptureFixture) -> None:
+    """A connection with no response under way still open at the stop's bound (first-byte
+    grace, lingering close, a second) is aborted and named: the exit does not wait for it until
+    uvicorn's graceful timeout (30 s here)."""
+    config = uvicorn.Config(
+        _waits_for_disconnect,
+        ws=_CloseNeverCompletes,
+        lifespan="off",
+        log_level="warning",
+        ws_ping_interval=None,
+        timeout_graceful_shutdown=30,
+    )
+    config.load()
+    stop = ConnectionStop(first_byte_grace=0.3)
+    config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
+    server = ZeroLossServer(config, stop, shared_listener=False)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    try:
+        await _until(lambda: server.started)
+        async with connect(f"ws://127.0.0.1:{port}/", proxy=None) as session:
+            server.should_exit = True
+            began = time.monotonic()
+            # Bounded well under the graceful timeout: the stop's bound is 3.3 s here.
+            await asyncio.wait_for(asyncio.shield(serving), 15)
+            stopped_after = time.monotonic() - began
+            with pytest.raises(ConnectionClosed):
+                await asyncio.wait_for(session.recv(), 5)
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 40)
+        listener.close()
+    assert stopped_after < stop.bound + 5, stopped_after  # 5 s of slack for a loaded machine
+    assert "stop.overdue_connections aborted=1 kinds=_CloseNeverCompletes:1" in caplog.text

@@ -16,6 +16,11 @@ destroy a response already written. :class:`ConnectionStop` replaces that with:
   the client's FIN or ``LINGER_TIMEOUT``, and only then closes, so the client reads the whole
   answer and never meets a reset caused by bytes the server did not read.
 
+* a bound: a connection still open at the first-byte grace plus the lingering close plus a
+  second, with no HTTP response under way, is aborted and named in the log
+  (:meth:`ConnectionStop.abort_overdue`), so nothing the stop does not drive itself (a WebSocket
+  protocol whose close never completes) holds the exit until the server's graceful timeout;
+
 * once the stop has begun, a request that arrives on an open connection is answered with
   ``Connection: close`` (its cycle's ``keep_alive`` is cleared as it is parsed), so a keep-alive
   client learns from the answer itself that it must reconnect.
@@ -41,6 +46,9 @@ logger = logging.getLogger("forgezero_lifecycle.serve")
 
 #: How long a closed connection waits for the client's FIN before it is aborted.
 LINGER_TIMEOUT: Final = 2.0
+#: Added to the first-byte grace and the lingering close for the stop's bound on a connection
+#: with no response under way (:attr:`ConnectionStop.bound`): the answer to a last request.
+OVERDUE_MARGIN: Final = 1.0
 
 
 @final
@@ -69,6 +77,29 @@ class ConnectionStop:
         else:
             loop = asyncio.get_running_loop()
             loop.call_later(self.first_byte_grace, self.close_if_idle, protocol)
+
+    @property
+    def bound(self) -> float:
+        """Seconds after :meth:`begin` by which every connection with no response under way has
+        closed: the first-byte grace, a quick answer, and a lingering close."""
+        return self.first_byte_grace + LINGER_TIMEOUT + OVERDUE_MARGIN
+
+    def abort_overdue(self, connections: set[Any]) -> list[str]:
+        """Abort every connection still open at :attr:`bound` that has no HTTP response under
+        way (a response keeps the server's graceful timeout); returns their protocols' names.
+
+        Such a connection is held by something the stop does not drive itself, a WebSocket
+        protocol whose close never completes, say: it would hold the server's exit until its
+        graceful timeout (the drain deadline and more) for nothing.
+        """
+        aborted: list[str] = []
+        for connection in list(connections):
+            cycle = getattr(connection, "cycle", None)
+            if cycle is not None and not cycle.response_complete:
+                continue
+            aborted.append(type(connection).__name__)
+            connection.transport.abort()
+        return aborted
 
     def close_if_idle(self, protocol: Any) -> None:
         transport = protocol.transport

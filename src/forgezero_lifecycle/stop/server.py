@@ -9,7 +9,10 @@ Once the drain has settled (:func:`zero_loss_shutdown`):
    longer accepted from, and keeps its queue for them;
 2. every connection gets the first-byte grace or closes after its response
    (:class:`.connections.ConnectionStop`), each closed the lingering way;
-3. then uvicorn's own wait for connections and tasks, and the lifespan shutdown.
+3. then uvicorn's own wait for connections and tasks, and the lifespan shutdown; a connection
+   with no response under way still open at the stop's bound
+   (:attr:`.connections.ConnectionStop.bound`) is aborted and named, so the exit never waits for
+   it until the graceful timeout.
 
 A stop on a shared listener can begin as a handover (:meth:`ServerStop.hand_over`): this
 process stops accepting at once and every HTTP connection is armed, so keep-alive clients are
@@ -38,7 +41,8 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from typing import Any, Final, final
 
 import uvicorn
@@ -92,13 +96,16 @@ async def zero_loss_shutdown(
         sock.close()
     if server.force_exit:  # forced before the listeners closed: cut what they accepted since
         cut_connections(server)
+    connections = server.server_state.connections
     logger.info(
-        "stop.stopping connections=%d first_byte_grace=%.2f own_listener=%s",
-        len(server.server_state.connections),
+        "stop.stopping connections=%d first_byte_grace=%.2f own_listener=%s kinds=%s",
+        len(connections),
         stop.first_byte_grace,
         own_listener,
+        _kinds(type(connection).__name__ for connection in connections),
     )
-    stop.begin(server.server_state.connections)
+    stop.begin(connections)
+    overdue = asyncio.get_running_loop().call_later(stop.bound, _abort_overdue, stop, connections)
     try:
         await asyncio.wait_for(
             server._wait_tasks_to_complete(), timeout=server.config.timeout_graceful_shutdown
@@ -107,9 +114,28 @@ async def zero_loss_shutdown(
         logger.error("stop.cancelled tasks=%d", len(server.server_state.tasks))
         for task in server.server_state.tasks:
             task.cancel(msg="the graceful shutdown's timeout is over")
+    finally:
+        overdue.cancel()
     await stop.wait_lingering()
     if not server.force_exit:
         await server.lifespan.shutdown()
+
+
+def _abort_overdue(stop: ConnectionStop, connections: set[Any]) -> None:
+    aborted = stop.abort_overdue(connections)
+    if aborted:
+        logger.warning(
+            "stop.overdue_connections aborted=%d kinds=%s: open %.1f s after the stop began "
+            "with no response under way",
+            len(aborted),
+            _kinds(aborted),
+            stop.bound,
+        )
+
+
+def _kinds(names: Iterable[str]) -> str:
+    """``H11Protocol:3,WSProtocol:1``: how many connections of each protocol class."""
+    return ",".join(f"{name}:{count}" for name, count in sorted(Counter(names).items())) or "-"
 
 
 def cut_connections(server: uvicorn.Server) -> None:
