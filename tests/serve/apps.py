@@ -4,7 +4,9 @@ Configured from the environment the tests set (the library reads none)::
 
     FORGEZERO_CONTROL_TOKEN / FORGEZERO_REVISION    the runtime's token and revision
     FZW_RECORDS     directory; each worker appends to ``<pid>.log`` (one unbuffered write a line)
-    FZW_MODE_FILE   read at import: ``crash`` raises on import, ``hang`` never finishes startup;
+    FZW_MODE_FILE   read at import: ``crash`` raises on import, ``hang-import`` never finishes
+                    its import, ``hang`` never finishes startup, ``slow-stop`` takes 4 s in
+                    its lifespan shutdown (then records ``shutdown done``);
                     ``stagger``: the first worker of a generation to start (it creates
                     ``<mode file>.first``) is ready at once, the others 3 s later;
                     ``one-fails``: the first is ready at once, the others fail their startup
@@ -38,6 +40,8 @@ _MODE_FILE = os.environ.get("FZW_MODE_FILE")
 MODE = Path(_MODE_FILE).read_text().strip() if _MODE_FILE and Path(_MODE_FILE).exists() else "ok"
 if MODE == "crash":
     raise RuntimeError("this generation crashes on import (FZW_MODE_FILE says so)")
+while MODE == "hang-import":
+    time.sleep(3600)  # until the supervisor kills it
 
 _RECORDS = os.open(
     os.path.join(os.environ.get("FZW_RECORDS", "/tmp"), f"{os.getpid()}.log"),
@@ -106,6 +110,9 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
     finally:
         follower.cancel()
         await scheduler.stop(timeout=1.0)
+        if MODE == "slow-stop":
+            await asyncio.sleep(4.0)
+            record("shutdown done")
 
 
 async def pid(request: Request) -> Response:

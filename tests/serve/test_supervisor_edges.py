@@ -185,3 +185,32 @@ def _time_of(served: Supervised, pid: int, what: str) -> float:
         if text == what:
             return float(stamp)
     raise AssertionError(f"{pid} never recorded {what!r}")
+
+
+@pytest.mark.parametrize("hangs", ["hang", "hang-import"], ids=["in-startup", "at-import"])
+def test_stop_after_replacement_missed_its_start(
+    start_supervised: StartSupervised, tmp_path: Path, hangs: str
+) -> None:
+    """A replacement that misses its start timeout, then SIGTERM: the drain is the surviving
+    worker's alone (the replacement never became ready, it admitted nothing), serve exits 0
+    ``drained``, and the survivor's 4 s application shutdown completes: the replacement's
+    3 s stop timer kills only the replacement, not the survivor the stop gave the full bound.
+
+    Timing: the replacement's timer fires at most 3 s after the SIGTERM (sent once its start
+    timeout is logged); the survivor's shutdown begins after the SIGTERM and lasts 4 s: a
+    margin of 1 s for the kill to land inside it if the timer were the stop's."""
+    mode_file, env = _handover_flags(tmp_path, "slow-stop")
+    served = start_supervised(
+        # 4 s, not 1 s: the first generation's two imports must fit in it on a busy machine.
+        "--start-timeout", "4s", "--drain-timeout", "20s", workers=2, env=env
+    )  # fmt: skip
+    victim, survivor = served.workers()
+    mode_file.write_text(hangs)  # read by the replacement's import
+    os.kill(victim, signal.SIGKILL)
+    served.wait_log("supervisor.start_failed")
+    served.signal(signal.SIGTERM)
+    assert served.wait_exit() == 0, served.log()
+    log = served.log()
+    assert "supervisor.stopped drain=drained" in log, log
+    assert f"(pid {survivor}) of generation 1: not stopped in time" not in log, log
+    assert "shutdown done" in served.worker_records()[survivor], log

@@ -6,9 +6,15 @@ processes, signals and timers could report next, in any order. After every step 
 of the module docstring of :mod:`forgezero_lifecycle.serve.machine` are checked against what the
 world saw, not against the machine's own records.
 
-A few hundred sequences in the normal run, thousands under ``FORGEZERO_SOAK=1`` (``make soak``).
-The (phase, event) pairs reached are counted; ``test_sequences_reach_table`` prints the
-figure and fails if the runs reached fewer than two thirds of the reachable ones.
+The world models each stop timer as belonging to the stop that set it (a timeout names its
+timer), the app's state adapters as several kinds (so a new generation may refuse the state), and
+an orchestrator's drain through a worker's private port while the first generation starts.
+
+300 sequences of up to 60 steps in the normal run (about 10 s), thousands under
+``FORGEZERO_SOAK=1`` (``make soak``). Every (place, event) pair reached is counted (a place is
+the phase, or the handover's step); ``test_sequences_reach_table`` fails when a pair the table
+rules out was reached, or when fewer than :data:`REACH_FLOOR` of the reachable ones were (the
+pairs the table allows, save the few named and argued in :data:`UNREACHABLE`).
 """
 
 from __future__ import annotations
@@ -25,14 +31,15 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 
 from forgezero_lifecycle.serve import machine as m
+from forgezero_lifecycle.serve.table import TABLE, Impossible, Stale
 
 SOAK: Final = os.environ.get("FORGEZERO_SOAK") == "1"
 #: Workers per generation: one (a single worker's exit is its whole generation's) up to three.
 WORKERS: Final = st.integers(1, 3)
-KIND: Final = {"protocol": "counter", "schemaVersion": 1}
 
 #: (phase or phase/step, event) pairs the sequences reached, over every run in this process.
 REACHED: set[tuple[str, str]] = set()
@@ -41,32 +48,41 @@ EVENTS: Final = (
     m.ReplaceDue, m.GraceOver, m.DrainBegun, m.DrainRolledBack, m.DrainSettled, m.StateHanded,
     m.QueueEmptied, m.StopTimeout,
 )  # fmt: skip
-PLACES: Final = (
-    "starting", "serving", *(f"handing-over/{step}" for step in m.Step), "stopping",
-)  # fmt: skip
-#: Pairs no I/O layer can produce: a grace, a state transfer or an emptied queue never pending
-#: outside the step or phase that asked for it; a revision read only for a handover's generation.
+PLACES: Final = {
+    "starting": m.Phase.STARTING,
+    "serving": m.Phase.SERVING,
+    **{f"handing-over/{step}": m.Phase.HANDING_OVER for step in m.Step},
+    "stopping": m.Phase.STOPPING,
+    "stopped": m.Phase.STOPPED,
+}
+_STEP_ONLY: Final = {
+    # Reported only in the step that asked for it (the handler would ignore it elsewhere).
+    "GraceOver": m.Step.PROVING,
+    "StateHanded": m.Step.HANDING_STATE,
+    "StartFailed": m.Step.STARTING,
+}
+#: Pairs the table allows that no I/O layer produces, each with its reason.
 UNREACHABLE: Final = {
-    ("starting", "GraceOver"), ("serving", "GraceOver"),
-    ("starting", "StateHanded"), ("serving", "StateHanded"), ("stopping", "StateHanded"),
-    ("starting", "QueueEmptied"), ("serving", "QueueEmptied"),
-    *((f"handing-over/{step}", "QueueEmptied") for step in m.Step),
-    ("starting", "ReplaceDue"), ("starting", "DrainSettled"), ("starting", "DrainRolledBack"),
-    ("starting", "DrainBegun"), ("starting", "StartFailed"), ("serving", "StartFailed"),
-    *((f"handing-over/{step}", "GraceOver") for step in m.Step if step is not m.Step.PROVING),
-    *(
-        (f"handing-over/{step}", "StateHanded")
+    **{
+        (f"handing-over/{step}", event): f"{event} is reported only in step {only}"
+        for event, only in _STEP_ONLY.items()
         for step in m.Step
-        if step is not m.Step.HANDING_STATE
-    ),
-    *(
-        (f"handing-over/{step}", "StartFailed")
-        for step in m.Step
-        if step is not m.Step.STARTING
-    ),
-    # The revision is read as the generation starts, before any other event can come.
-    ("stopping", "StartFailed"),
+        if step is not only
+    },
+    **{
+        ("stopped", event): "the supervisor exits only once every worker exited and no drain "
+        "is pending: no process, no drain can report"
+        for event in ("WorkerReady", "WorkerExited", "StartTimeout", "StartFailed",
+                      "DrainBegun", "DrainRolledBack")
+    },
 }  # fmt: skip
+#: Pairs the normal run reaches at least (of the reachable ones): a drop is a lost path.
+#: 70 to 72 reached in runs so far (92 reachable; hypothesis' derandomized run still varies).
+REACH_FLOOR: Final = 66
+KINDS: Final = (
+    {"protocol": "counter", "schemaVersion": 1},
+    {"protocol": "counter", "schemaVersion": 2},
+)
 
 
 @dataclass
@@ -79,7 +95,11 @@ class World:
     echoes: set[int] = field(default_factory=set)
     graces: set[int] = field(default_factory=set)
     handoffs: set[int] = field(default_factory=set)
-    stop_timers: set[int] = field(default_factory=set)
+    #: Pending stop timers: timer → (generation, the workers it stops, a kill by it allowed for
+    #: a worker that took work: the stop's full bound or a forced stop).
+    stop_timers: dict[int, tuple[int, tuple[int, ...], bool]] = field(default_factory=dict)
+    #: The stop timer whose timeout is being reported.
+    firing: tuple[int, tuple[int, ...], bool] | None = None
     replacements: set[tuple[int, int, int]] = field(default_factory=set)
     queue: bool = False
     #: Generations that could not read their revision (offered as StartFailed once).
@@ -93,9 +113,8 @@ class World:
     exit_code: int | None = None
     handover_from: dict[int, int] = field(default_factory=dict)
     touched: set[int] = field(default_factory=set)
-    #: Workers that accepted (they may hold admitted work), and how each was last told to stop.
+    #: Workers that accepted (they may hold admitted work).
     took_work: set[tuple[int, int]] = field(default_factory=set)
-    stopped_with_bound: dict[tuple[int, int], bool] = field(default_factory=dict)
     #: Generations told to stop with the stop's bound: each worker drains itself first.
     self_draining: set[int] = field(default_factory=set)
     #: Drains an orchestrator began (it may roll them back).
@@ -118,13 +137,13 @@ class SupervisorMachineTest(RuleBasedStateMachine):
         self.machine = m.SupervisorMachine(self.workers, state_token=True)
         self.kinds = False
 
-    @initialize(kinds=st.booleans(), workers=WORKERS)
-    def start(self, kinds: bool, workers: int) -> None:
-        """The app has a state adapter (``kinds``) or not; ``workers`` per generation; the
-        first generation starts."""
+    @initialize(kinds=st.booleans(), workers=WORKERS, token=st.integers(0, 3))
+    def start(self, kinds: bool, workers: int, token: int) -> None:
+        """The app has a state adapter (``kinds``) or not; ``workers`` per generation; a
+        handoff token is set (mostly); the first generation starts."""
         self.kinds = kinds
         self.workers = workers
-        self.machine = m.SupervisorMachine(workers, state_token=True)
+        self.machine = m.SupervisorMachine(workers, state_token=token != 0)
         self.carry_out(self.machine.start(), stopping_began=False)
 
     # Carrying out actions, and checking those that must never happen.
@@ -134,10 +153,18 @@ class SupervisorMachineTest(RuleBasedStateMachine):
         if self.machine.step is not None:
             place += f"/{self.machine.step.value}"
         REACHED.add((place, type(event).__name__))
+        rule = TABLE[(self.machine.phase, type(event).__name__)]
+        assert not isinstance(rule, Impossible), f"the world reported {event} in {place}"
+        before = self.machine.phase
         was_stopping = self.machine.phase in (m.Phase.STOPPING, m.Phase.STOPPED)
         starting_from = self.machine.old if self.machine.step is m.Step.STARTING else None
         actions = self.machine.handle(event)
+        if isinstance(rule, Stale):
+            assert actions == []
+        else:  # the phase moves only as the table says
+            assert self.machine.phase in (before, *rule.to), (place, event, self.machine.phase)
         self.carry_out(actions, stopping_began=not was_stopping and self._stopping())
+        self.world.firing = None
         if starting_from is not None and self.machine.phase is m.Phase.SERVING:
             # The handover was aborted in this step: g is exactly as it was.
             assert starting_from not in self.world.touched, f"the abort touched {starting_from}"
@@ -194,7 +221,9 @@ class SupervisorMachineTest(RuleBasedStateMachine):
                     world.handoffs.add(new)
                 case m.EmptyQueue():
                     world.queue = True
-                case m.StopWorkers(generation=g, indexes=indexes, short=short):
+                case m.StopWorkers(
+                    generation=g, indexes=indexes, short=short, force=force, timer=timer
+                ):
                     for index in indexes:
                         if (g, index) in world.took_work:
                             world.touched.add(g)
@@ -204,15 +233,20 @@ class SupervisorMachineTest(RuleBasedStateMachine):
                             world.processes[(g, index)] = (
                                 "stopping-starting" if late else "stopping"
                             )
-                            world.stopped_with_bound[(g, index)] = not short
-                    world.stop_timers.add(g)
+                    assert timer not in world.stop_timers
+                    world.stop_timers[timer] = (g, indexes, force or not short)
                     if not short:
                         world.self_draining.add(g)
                 case m.Kill(generation=g, indexes=indexes):
+                    # Only the timer whose timeout this is may kill, and only workers it stopped.
+                    assert world.firing is not None, action
+                    timer_of, stopped, full = world.firing
+                    assert timer_of == g, (world.firing, action)
+                    assert set(indexes) <= set(stopped), (world.firing, action)
                     for index in indexes:
                         if (g, index) in world.took_work:
                             world.touched.add(g)
-                            assert world.forced or world.stopped_with_bound.get((g, index)), (
+                            assert full, (
                                 f"worker {index} of generation {g} accepted and was killed "
                                 "before the stop's deadline, without a forced stop"
                             )
@@ -260,7 +294,9 @@ class SupervisorMachineTest(RuleBasedStateMachine):
             self.world.processes[(g, i)] = "ready"
         else:
             self.world.processes[(g, i)] = "stopping"
-        self.send(m.WorkerReady(g, i, KIND if self.kinds else None))
+        # A new revision's adapter may export another schema: the next generation refuses it.
+        kind = data.draw(st.sampled_from(KINDS)) if self.kinds else None
+        self.send(m.WorkerReady(g, i, kind))
 
     @precondition(lambda self: bool(self.world.processes))
     @rule(data=st.data(), now=st.integers(0, 1))
@@ -270,7 +306,6 @@ class SupervisorMachineTest(RuleBasedStateMachine):
         g, i = data.draw(st.sampled_from(sorted(self.world.processes)))
         del self.world.processes[(g, i)]
         self.world.took_work.discard((g, i))
-        self.world.stopped_with_bound.pop((g, i), None)
         self.send(m.WorkerExited(g, i))
 
     @precondition(lambda self: any(v == "starting" for v in self.world.processes.values()))
@@ -314,6 +349,22 @@ class SupervisorMachineTest(RuleBasedStateMachine):
         g = data.draw(st.sampled_from(sorted(self.world.echoes)))
         self.world.echoes.discard(g)
         self.send(m.DrainBegun(g))
+
+    def _private_drains(self) -> list[int]:
+        """While the first generation starts, a ready worker's private port answers."""
+        world = self.world
+        if self.machine.phase is not m.Phase.STARTING or 1 in world.drains | set(world.settled):
+            return []
+        return [1] if "ready" in {v for (g, _), v in world.processes.items() if g == 1} else []
+
+    @precondition(lambda self: bool(self._private_drains()))
+    @rule()
+    def orchestrator_drains_early(self) -> None:
+        """A drain through a ready worker's private port before the generation accepts: it
+        changes what the workers answer, not what the supervisor decides."""
+        self.world.drains.add(1)
+        self.world.external.add(1)
+        self.send(m.DrainBegun(1))
 
     def _idle_controllers(self) -> list[int]:
         world = self.world
@@ -370,9 +421,9 @@ class SupervisorMachineTest(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.world.stop_timers))
     @rule(data=st.data())
     def stop_timeout(self, data: st.DataObject) -> None:
-        g = data.draw(st.sampled_from(sorted(self.world.stop_timers)))
-        self.world.stop_timers.discard(g)
-        self.send(m.StopTimeout(g))
+        timer = data.draw(st.sampled_from(sorted(self.world.stop_timers)))
+        self.world.firing = self.world.stop_timers.pop(timer)
+        self.send(m.StopTimeout(self.world.firing[0], timer))
 
     @precondition(lambda self: bool(self.world.replacements))
     @rule(data=st.data())
@@ -391,7 +442,7 @@ class SupervisorMachineTest(RuleBasedStateMachine):
             if starting:
                 g, i = starting[0]
                 world.processes[(g, i)] = "ready"
-                self.send(m.WorkerReady(g, i, KIND if self.kinds else None))
+                self.send(m.WorkerReady(g, i, KINDS[0] if self.kinds else None))
             elif world.echoes:
                 g = min(world.echoes)
                 world.echoes.discard(g)
@@ -454,7 +505,7 @@ class SupervisorMachineTest(RuleBasedStateMachine):
             assert self.world.processes == {}
 
 
-SupervisorMachineTest.TestCase.settings = settings(
+SETTINGS: Final = settings(
     max_examples=3000 if SOAK else 300,
     stateful_step_count=60,
     deadline=None,
@@ -462,19 +513,31 @@ SupervisorMachineTest.TestCase.settings = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-TestSupervisorMachine = SupervisorMachineTest.TestCase
 
 
-def test_sequences_reach_table() -> None:
-    """Runs after the state machine test: every reachable (phase, event) pair was reached."""
+def test_sequences_hold_invariants_and_reach_table() -> None:
+    """The random sequences keep every invariant, reach no pair the table rules out, and reach
+    at least :data:`REACH_FLOOR` of the reachable pairs (one test, so that pytest-xdist cannot
+    run the sequences and the count in different processes)."""
+    REACHED.clear()
+    run_state_machine_as_test(SupervisorMachineTest, settings=SETTINGS)
     every = {(place, event.__name__) for place in PLACES for event in EVENTS}
-    reachable = every - UNREACHABLE
-    missed = reachable - REACHED
+    possible = {
+        (place, event)
+        for place, event in every
+        if not isinstance(TABLE[(PLACES[place], event)], Impossible)
+    }
+    reachable = possible - set(UNREACHABLE)
     print(
-        f"\nsupervisor machine: {len(REACHED & every)} of {len(every)} (phase, event) pairs "
-        f"reached ({len(reachable)} reachable)"
+        f"\nsupervisor machine: {len(REACHED & every)} of {len(every)} (place, event) pairs "
+        f"reached; {len(possible)} possible, {len(reachable)} reachable"
     )
-    assert len(reachable & REACHED) >= 0.66 * len(reachable), sorted(missed)
+    assert possible >= REACHED, sorted(REACHED - possible)
+    missed = sorted(reachable - REACHED)
+    print("not reached:", *missed, sep="\n  ")
+    # The handover's middle steps are short-lived in random sequences: not every pair there is
+    # reached yet (test_supervisor_table.py drives every (phase, event) pair of the table).
+    assert len(REACHED & reachable) >= REACH_FLOOR, "\n".join(map(str, missed))
 
 
 def test_thirty_handovers_forget() -> None:
@@ -496,3 +559,64 @@ def test_thirty_handovers_forget() -> None:
 def _ready(machine: m.SupervisorMachine, number: int) -> None:
     for index in range(2):
         machine.handle(m.WorkerReady(number, index))
+
+
+def _stops(actions: list[m.Action]) -> list[m.StopWorkers]:
+    return [action for action in actions if isinstance(action, m.StopWorkers)]
+
+
+def test_replacement_timer_spares_the_full_stop() -> None:
+    """A replacement's start-timeout stop timer, firing after the stop gave every worker the
+    full bound, kills only that replacement, never the worker that accepted."""
+    machine = m.SupervisorMachine(2)
+    machine.start()
+    _ready(machine, 1)
+    (replace,) = machine.handle(m.WorkerExited(1, 1))
+    assert isinstance(replace, m.ScheduleReplacement)
+    machine.handle(m.ReplaceDue(1, 1, replace.attempt))
+    (short,) = _stops(machine.handle(m.StartTimeout(1, 1)))
+    assert short.short
+    assert short.indexes == (1,)
+    machine.handle(m.StopSignal())
+    machine.handle(m.DrainSettled(1, drained=True))
+    (full,) = _stops(machine.handle(m.QueueEmptied()))
+    assert not full.short
+    assert full.indexes == (0,), full
+    assert machine.handle(m.StopTimeout(1, short.timer)) == [m.Kill(1, (1,))]
+    machine.handle(m.WorkerExited(1, 1))
+    assert machine.handle(m.WorkerExited(1, 0)) == [m.Forget(1), m.Exit(0, "drained")]
+
+
+def test_stop_stops_a_replacement_not_ready() -> None:
+    """A replacement still starting when the stop begins holds no admitted work: it is told to
+    stop at once (short bound), apart from the drain of the worker that accepted."""
+    machine = m.SupervisorMachine(2)
+    machine.start()
+    _ready(machine, 1)
+    (replace,) = machine.handle(m.WorkerExited(1, 1))
+    assert isinstance(replace, m.ScheduleReplacement)
+    machine.handle(m.ReplaceDue(1, 1, replace.attempt))
+    actions = machine.handle(m.StopSignal())
+    (stop,) = _stops(actions)
+    assert (stop.indexes, stop.short) == ((1,), True)
+    assert m.BeginDrain(1) in actions
+    assert machine.handle(m.WorkerReady(1, 1)) == []  # stale: it was told to stop
+
+
+def test_beginnings_decided_before_a_stop_are_outdated() -> None:
+    """An action that starts something, decided before the stop, is not carried out after it;
+    the stop's own actions and what ends things are."""
+    machine = m.SupervisorMachine(2)
+    machine.start()
+    _ready(machine, 1)
+    before = machine.stops
+    decided = machine.handle(m.Reload())
+    assert m.StartGeneration(2) in decided
+    assert not machine.outdated(m.StartGeneration(2), before)
+    stop = machine.handle(m.StopSignal())
+    for action in decided:
+        assert machine.outdated(action, before) is isinstance(action, m.StartGeneration)
+    assert not any(machine.outdated(action, machine.stops) for action in stop)
+    assert machine.outdated(m.StartWorker(1, 0), before)
+    assert machine.outdated(m.HandState(1, 2), before)
+    assert not machine.outdated(m.BeginDrain(1), before)

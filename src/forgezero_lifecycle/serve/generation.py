@@ -1,9 +1,10 @@
 """One generation of a supervised server: N worker processes that drain as one.
 
 The generation owns a :class:`~forgezero_lifecycle.core.drain.DrainController` whose dependencies
-fan out to the workers over their private channels: ``begin`` reaches every worker's own runtime
-in the same instant with the same request (nonce, revisions, ``timeoutMs``), and the controller
-races the same deadline. The public control plane of any worker forwards the drain paths to the
+fan out to the workers over their private channels: ``begin`` reaches every ready worker's own
+runtime in the same instant with the same request (nonce, revisions, ``timeoutMs``), and the
+controller races the same deadline. A worker not ready when the drain began (a replacement still
+importing) holds no admitted work: the drain neither reaches nor waits for it. The public control plane of any worker forwards the drain paths to the
 supervisor, which answers them for the generation through the ``answer`` callback it gave
 (:mod:`.forwarding` builds it over this generation). Status aggregates: counters are the sums
 over the workers, ``drained`` only once every worker drained, ``failed`` as soon as one failed or
@@ -75,6 +76,9 @@ class Generation:
         self._changed = asyncio.Event()
         self._acks: list[tuple[WorkerHandle, asyncio.Future[dict[str, Any]]]] = []
         self._nonce: str | None = None
+        #: The workers the running drain waits for: those ready when it began (a worker not
+        #: ready holds no admitted work).
+        self._drained_by: list[WorkerHandle] = []
         self.controller = DrainController(_FanOut(self), revision=self.revision)
 
     def __repr__(self) -> str:
@@ -114,10 +118,16 @@ class Generation:
             "generation": self.number,
         }
 
-    def prepare(self) -> None:
+    def prepare(self) -> list[WorkerHandle]:
         """A handle for each worker, none started yet."""
         assert self._options.workers is not None
         self.workers = [self._handle(index) for index in range(self._options.workers)]
+        return self.workers
+
+    def forgo_worker(self, index: int) -> WorkerHandle:
+        """A fresh handle in ``index``'s place that will never be started."""
+        self.workers[index] = self._handle(index)
+        return self.workers[index]
 
     async def start_worker(self, index: int) -> WorkerHandle:
         """Start worker ``index`` (a fresh process in its place); it reports ready or exits."""
@@ -157,7 +167,7 @@ class Generation:
     def fan_out(self, op: str, **fields: Any) -> None:
         self._acks = [
             (worker, asyncio.ensure_future(worker.command(op, **fields)))
-            for worker in self.workers
+            for worker in self._drained_by
             if not worker.exited.is_set()
         ]
 
@@ -175,12 +185,12 @@ class Generation:
         """Return once every worker drained; raise as soon as one failed or died."""
         while True:
             self._changed.clear()
-            for worker in self.workers:
+            for worker in self._drained_by:
                 if worker.report == "failed" or (
                     worker.exited.is_set() and worker.report != "drained"
                 ):
                     raise DrainFailedError("RUNTIME_DRAIN_FAILED", detail=f"{worker.name} failed")
-            if all(worker.report == "drained" for worker in self.workers):
+            if all(worker.report == "drained" for worker in self._drained_by):
                 return
             await self._changed.wait()
 
@@ -209,19 +219,20 @@ class Generation:
             status.model_dump(by_alias=True, include=set(DrainRequest.model_fields))
         )
         self._nonce = request.nonce
-        for worker in self.workers:
+        self._drained_by = [worker for worker in self.workers if worker.ready.is_set()]
+        for worker in self._drained_by:
             worker.drain_begun(request.nonce)
         self.fan_out("begin", request=request.model_dump(by_alias=True))
         logger.info(
             "supervisor.drain_begin generation=%d workers=%d nonce=%s",
             self.number,
-            len(self.workers),
+            len(self._drained_by),
             request.nonce[:8],
         )
         self._on_drain(self.number, "begun")
 
     def _resume(self) -> None:
-        for worker in self.workers:
+        for worker in self._drained_by:
             worker.rolled_back()
         assert self._nonce is not None
         self.fan_out("rollback", nonce=self._nonce)

@@ -24,43 +24,117 @@ all of them are ready) → ``retiring`` (a handover told it to stop accepting) �
 ``drained`` | ``failed`` → ``stopping`` → ``stopped`` (then forgotten). A worker: ``starting`` →
 ``ready`` → ``accepting`` → ``stopping`` → ``exited`` (any state may go to ``exited``).
 
-Every (phase, event) pair; "stale" means the event is ignored because what it reports is over
-(a timer of a worker that meanwhile became ready, the settle of a drain nobody waits for)::
+Every (phase, event) pair is one entry of :data:`.table.TABLE`: a transition (the handler
+below decides), *stale* (ignored on purpose, for the reason given) or *impossible* (raises
+:class:`~.table.ImpossibleEventError`). A timer belongs to the step that set it: a stop timer
+kills only the workers that very stop still waits for. An action that begins something
+(:data:`BEGINNINGS`) decided before a stop is never carried out after it (:meth:`outdated`).
 
-    event \\ phase    starting            serving              handing over            stopping
-    ---------------- ------------------- -------------------- ----------------------- --------------------
-    reload (SIGHUP   refused             start n, step        refused (one handover   refused
-    or request)                          starting             at a time)
-    stop signal      stop every worker   drain g (one         n not accepting yet:    stop signal again:
-                     (none accepted      deadline)            stop n, drain g; after  force: stop every
-                     yet), exit 1                             the switch: drain g     worker now, exit 1
-                                                              and n, one deadline
-    worker ready     all ready: g        a replacement:       n all ready: state      a replacement still
-                     accepts, serving    it accepts           refused → abort, else   starting: stop it
-                                                              n accepts, g stops
-                                                              accepting, grace
-    worker exited    start failed: stop  g accepting:         n starting: abort (stop all workers gone
-                     the rest, exit 1    replace it (backoff) n, g untouched); an     and drains settled:
-                                         else recorded        accepting generation:   exit
-                                                              replace; else recorded
-    start timeout    as worker exited    replacement: stop    as worker exited        stale
-                                         it, retry
-    start failed     as worker exited    stale                n: abort                stale
-    (revision)
-    replace due      stale               g accepting: start   the generation          stale
-                                         the worker again     accepting: start it
-    grace over       stale               stale                proving: drain g        stale
-    drain begun      recorded            g draining (no       recorded (draining)     recorded
-    (by an orches-                       replacements)
-    trator)
-    drain rolled     recorded            g serving again      recorded                recorded
-    back
-    drain settled    stale               recorded             draining: hand the      the last one: empty
-                                                              state or stop g         the accept queue
-    state handed     stale               stale                handing-state: stop g   stale
-    queue emptied    stale               stale                stale                   stop every worker
-    stop timeout     kill what is left   kill what is left    kill what is left of    kill what is left
-                     (never accepted)    of that generation   that generation         (deadline over)
+Every (phase, event) pair (rendered from :data:`.table.TABLE`)::
+
+    Reload (reload (SIGHUP or request)):
+      starting: refused: the first generation is still starting
+      serving: start generation n; the handover's step is starting
+      handing-over: refused: one handover at a time
+      stopping: refused: the supervisor is stopping
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    StopSignal (stop signal (SIGTERM, SIGINT)):
+      starting: stop every worker (none accepted yet) under the short bound; exit 1 once gone
+      serving: drain g under the stop's deadline; a replacement still starting stops (short
+          bound)
+      handing-over: the handover ends. n not accepting yet: stop n (short bound), drain g; after
+          the switch: drain g and n, both begun now under one deadline
+      stopping: the second signal forces: stop every worker now, kill after the forced bound,
+          exit 1
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    WorkerReady (worker ready):
+      starting: all of g ready: g accepts, serving
+      serving: a replacement: it accepts
+      handing-over: n all ready: the state refused → abort (n stops, g untouched), else n
+          accepts, g stops accepting, the grace starts; a replacement of the accepting
+          generation accepts
+      stopping: *stale*: every worker not ready when the stop began was told to stop then: its
+          ready is late
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    WorkerExited (worker exited):
+      starting: the start failed: stop the rest, exit 1 once gone
+      serving: its generation accepting: replace it after a backoff; else recorded
+      handing-over: a worker of n before the switch: abort (n stops, g untouched); of an
+          accepting generation: replace it after a backoff; the last of g in stopping-old: done
+      stopping: recorded; every worker gone and the drains settled: exit
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    StartTimeout (start timeout):
+      starting: as worker exited: the start failed
+      serving: a replacement: stop it (short bound); replaced again once it exited
+      handing-over: a worker of n: abort; a replacement: stop it (short bound)
+      stopping: *stale*: every worker still starting was told to stop when the stop began, under
+          its own timer
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    StartFailed (start failed (revision unreadable)):
+      starting: *impossible* (raises): the first generation's revision is read before the start
+      serving: *impossible* (raises): a revision is read only as a handover's generation starts,
+          and the handover runs until that generation reported
+      handing-over: n could not start: abort, g untouched
+      stopping: *impossible* (raises): a generation's start decided before the stop is never
+          carried out after it
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    ReplaceDue (replace due):
+      starting: *impossible* (raises): a replacement is scheduled only in an accepting
+          generation
+      serving: its generation still accepting: start the worker again
+      handing-over: its generation still accepting: start the worker again
+      stopping: *stale*: no worker starts into a stop: the replacement is dropped
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    GraceOver (grace over):
+      starting: *impossible* (raises): a grace starts only at a handover's switch
+      serving: *impossible* (raises): a handover ends only after its grace is over
+      handing-over: proving: drain g (or follow an orchestrator's drain of g; a g with no worker
+          left stops at once: done)
+      stopping: *stale*: the grace of the handover the stop ended
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    DrainBegun (drain begun):
+      starting: *stale*: the first generation has not accepted: it holds no admitted work, and a
+          drain begun through a worker's private port changes only what the workers answer
+      serving: g draining (an orchestrator's drain): no replacements
+      handing-over: recorded: the generation drains; the handover follows it
+      stopping: recorded: the stop waits for it too
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    DrainRolledBack (drain rolled back):
+      starting: *stale*: the first generation has not accepted: it holds no admitted work, and a
+          drain begun through a worker's private port changes only what the workers answer
+      serving: g serving again
+      handing-over: g after the switch: retiring again (in step draining its drain begins anew);
+          before the switch, or n: serving again
+      stopping: its intake opened again: the stop drains it again (a generation already
+          stopping: its outcome is unknown, recorded failed)
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    DrainSettled (drain settled):
+      starting: *stale*: the first generation has not accepted: it holds no admitted work, and a
+          drain begun through a worker's private port changes only what the workers answer
+      serving: recorded (an orchestrator's drain)
+      handing-over: g in step draining: hand the state over, or stop g (full bound; no worker
+          left: done); else recorded
+      stopping: the last of the stop's drains: empty the accept queue (forced: exit)
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    StateHanded (state handed):
+      starting: *impossible* (raises): a state transfer runs only in a handover
+      serving: *impossible* (raises): a handover ends only after its state transfer
+      handing-over: handing-state: stop g (full bound; no worker left: done)
+      stopping: *stale*: the transfer of the handover the stop ended
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    QueueEmptied (queue emptied):
+      starting: *impossible* (raises): the accept queue is emptied only by a stop
+      serving: *impossible* (raises): the accept queue is emptied only by a stop
+      handing-over: *impossible* (raises): the accept queue is emptied only by a stop
+      stopping: stop every worker left (full bound)
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    StopTimeout (stop timeout):
+      starting: *impossible* (raises): no worker is stopped before the first generation serves
+          (a failed start is a stop)
+      serving: kill the workers that stop left, if any is still running
+      handing-over: kill the workers that stop left, if any is still running
+      stopping: kill the workers that stop left, if any is still running
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
 
 The invariants (checked after every step by ``tests/serve/test_supervisor_machine.py``): a worker
 whose generation accepted is killed only when the stop was forced or its generation's drain has
@@ -77,7 +151,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, final
 
+from .table import TABLE, Impossible, ImpossibleEventError, Phase, Stale
+
 __all__ = [
+    "BEGINNINGS",
     "REPLACE_BACKOFF",
     "Accept",
     "Action",
@@ -94,6 +171,7 @@ __all__ = [
     "HandState",
     "HandoverBegun",
     "HandoverEnded",
+    "ImpossibleEventError",
     "Kill",
     "Phase",
     "QueueEmptied",
@@ -121,14 +199,6 @@ __all__ = [
 
 #: Pauses before each attempt to replace a worker that died while its generation served.
 REPLACE_BACKOFF: Final = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0)
-
-
-class Phase(enum.StrEnum):
-    STARTING = "starting"
-    SERVING = "serving"
-    HANDING_OVER = "handing-over"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
 
 
 class Step(enum.StrEnum):
@@ -254,9 +324,10 @@ class QueueEmptied:
 
 @dataclass(frozen=True, slots=True)
 class StopTimeout:
-    """The bound given with :class:`StopWorkers` for this generation is over."""
+    """The bound given with the :class:`StopWorkers` that set ``timer`` is over."""
 
     generation: int
+    timer: int
 
 
 Event = (
@@ -354,13 +425,16 @@ class EmptyQueue:
 
 @dataclass(frozen=True, slots=True)
 class StopWorkers:
-    """Ask these workers to stop (``force``: at once); report :class:`StopTimeout` after the
-    bound (``short``: the bound of workers that never accepted, else the stop's)."""
+    """Ask these workers to stop (``force``: at once); report :class:`StopTimeout` with
+    ``timer`` after the bound (``short``: the bound of workers that never accepted, else the
+    stop's)."""
 
     generation: int
     indexes: tuple[int, ...]
     force: bool = False
     short: bool = False
+    #: This stop's timer: its timeout kills only the workers this stop still waits for.
+    timer: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,6 +502,11 @@ Action = (
 )
 
 
+#: Actions that begin something: decided before a stop, they are dropped, never carried out
+#: after it (the I/O layer reports a dropped start as a worker that never started).
+BEGINNINGS: Final = (StartGeneration, StartWorker, HandState)
+
+
 def state_refusal(
     old: Sequence[dict[str, Any] | None], new: Sequence[dict[str, Any] | None], *, token: bool
 ) -> str | None:
@@ -457,6 +536,8 @@ class _Generation:
     #: The last drain's outcome (None: none settled since the last begin).
     drained: bool | None = None
     attempts: dict[int, int] = field(default_factory=dict)
+    #: Each stopping worker's timer: the stop that set it (0: none).
+    timers: list[int] = field(default_factory=list)
 
     def live(self) -> tuple[int, ...]:
         return tuple(i for i, w in enumerate(self.workers) if w is not WorkerState.EXITED)
@@ -488,6 +569,9 @@ class SupervisorMachine:
         self._outcomes: dict[int, bool] = {}
         self._queue_emptied = False
         self.exit_code: int | None = None
+        self._timers = 0
+        #: How many stops began (0 or 1; 2 once forced): the actions decided before are stale.
+        self.stops = 0
 
     # What the I/O layer and the tests may read.
 
@@ -511,6 +595,10 @@ class SupervisorMachine:
         found = self._generations.get(number)
         return None if found is None else found.drained
 
+    def outdated(self, action: Action, stops: int) -> bool:
+        """``action``, decided when :attr:`stops` was ``stops``, must not be carried out now."""
+        return stops < self.stops and isinstance(action, BEGINNINGS)
+
     @property
     def handover(self) -> int | None:
         """The number of the running handover."""
@@ -528,7 +616,7 @@ class SupervisorMachine:
         self._number += 1
         workers = [WorkerState.STARTING] * self._size
         self._generations[self._number] = _Generation(
-            self._number, workers, kinds=[None] * self._size
+            self._number, workers, kinds=[None] * self._size, timers=[0] * self._size
         )
         return self._number
 
@@ -536,8 +624,11 @@ class SupervisorMachine:
 
     def handle(self, event: Event) -> list[Action]:
         """The actions ``event`` calls for, in order; the states change as the table says."""
-        if self.phase is Phase.STOPPED:
+        rule = TABLE[(self.phase, type(event).__name__)]
+        if isinstance(rule, Stale):
             return []
+        if isinstance(rule, Impossible):
+            raise ImpossibleEventError(f"{event} in phase {self.phase}: {rule.why}")
         actions = self._decide(event)
         return actions + self._forget()
 
@@ -581,8 +672,8 @@ class SupervisorMachine:
                 return self._state_handed(number)
             case QueueEmptied():
                 return self._queue_empty()
-            case StopTimeout(generation=number):
-                return self._stop_timeout(number)
+            case StopTimeout(generation=number, timer=timer):
+                return self._stop_timeout(number, timer)
 
     def _reload(self) -> list[Action]:
         if self.phase is Phase.STARTING:
@@ -599,6 +690,7 @@ class SupervisorMachine:
         return [HandoverBegun(self._handover, self.old, self.new), StartGeneration(self.new)]
 
     def _stop_signal(self) -> list[Action]:
+        self.stops += 1
         if self.phase is Phase.STOPPING:
             return self._force()
         actions: list[Action] = []
@@ -619,6 +711,12 @@ class SupervisorMachine:
         for number, generation in sorted(self._generations.items()):
             if not generation.accepted:
                 continue
+            # A replacement not ready yet holds no admitted work: it stops now, on its own timer.
+            starting = tuple(
+                i for i, w in enumerate(generation.workers) if w is WorkerState.STARTING
+            )
+            if starting:
+                actions.append(self._stop(generation, starting, short=True))
             self._stop_drains.add(number)
             if generation.state in (GenerationState.SERVING, GenerationState.RETIRING):
                 generation.state = GenerationState.DRAINING
@@ -631,13 +729,11 @@ class SupervisorMachine:
     def _force(self) -> list[Action]:
         self.forced = True
         actions: list[Action] = []
-        for number, generation in sorted(self._generations.items()):
+        for generation in [g for _, g in sorted(self._generations.items())]:
             live = generation.live()
             if live:
-                for index in live:
-                    generation.workers[index] = WorkerState.STOPPING
                 generation.state = GenerationState.STOPPING
-                actions.append(StopWorkers(number, live, force=True, short=True))
+                actions.append(self._stop(generation, live, short=True, force=True))
         self._queue_emptied = True
         return actions + self._maybe_exit()
 
@@ -660,8 +756,7 @@ class SupervisorMachine:
             generation.attempts.pop(index, None)
             return self._accept(generation, (index,))
         # A replacement whose generation stopped accepting meanwhile: it stops again.
-        generation.workers[index] = WorkerState.STOPPING
-        return [StopWorkers(number, (index,), short=True)]
+        return [self._stop(generation, (index,), short=True)]
 
     def _accept(self, generation: _Generation, indexes: tuple[int, ...]) -> list[Action]:
         whole = generation.state is GenerationState.STARTING
@@ -746,9 +841,7 @@ class SupervisorMachine:
             return []
         if generation.state is GenerationState.STARTING:
             return self._start_failed(number, why or f"worker {index} was not ready in time")
-        generation.workers[index] = WorkerState.STOPPING
-        actions: list[Action] = [StopWorkers(number, (index,), short=True)]
-        return actions
+        return [self._stop(generation, (index,), short=True)]
 
     def _start_failed(self, number: int, why: str) -> list[Action]:
         generation = self._generations.get(number)
@@ -763,14 +856,27 @@ class SupervisorMachine:
         return self._stop_generation(number, short=True) + self._after_exit(generation)
 
     def _stop_generation(self, number: int, *, short: bool) -> list[Action]:
+        """Stop the generation's workers; one told to stop already keeps its own timer."""
         generation = self._generations[number]
         generation.state = GenerationState.STOPPING
-        live = tuple(i for i, w in enumerate(generation.workers) if w is not WorkerState.EXITED)
-        for index in live:
-            generation.workers[index] = WorkerState.STOPPING
-        if not live:
+        if not generation.live():
             return self._after_exit(generation)
-        return [StopWorkers(number, live, short=short)]
+        running = tuple(
+            i
+            for i, w in enumerate(generation.workers)
+            if w not in (WorkerState.EXITED, WorkerState.STOPPING)
+        )
+        return [self._stop(generation, running, short=short)] if running else []
+
+    def _stop(
+        self, generation: _Generation, indexes: tuple[int, ...], *, short: bool, force: bool = False
+    ) -> StopWorkers:
+        """These workers stop under a new timer of their own."""
+        self._timers += 1
+        for index in indexes:
+            generation.workers[index] = WorkerState.STOPPING
+            generation.timers[index] = self._timers
+        return StopWorkers(generation.number, indexes, force=force, short=short, timer=self._timers)
 
     def _replace_due(self, number: int, index: int, attempt: int) -> list[Action]:
         generation = self._generations.get(number)
@@ -894,11 +1000,16 @@ class SupervisorMachine:
                 actions += self._stop_generation(number, short=False)
         return actions + self._maybe_exit()
 
-    def _stop_timeout(self, number: int) -> list[Action]:
+    def _stop_timeout(self, number: int, timer: int) -> list[Action]:
+        """Kill the workers this timer's stop still waits for (a later stop's are not its)."""
         generation = self._generations.get(number)
         if generation is None:
             return []
-        stopping = tuple(i for i, w in enumerate(generation.workers) if w is WorkerState.STOPPING)
+        stopping = tuple(
+            i
+            for i, w in enumerate(generation.workers)
+            if w is WorkerState.STOPPING and generation.timers[i] == timer
+        )
         return [Kill(number, stopping)] if stopping else []
 
     def _maybe_exit(self) -> list[Action]:

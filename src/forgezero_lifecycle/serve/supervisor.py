@@ -6,9 +6,12 @@
       ├── generation g   : worker 0..N-1  (fresh processes, private channels)
       └── generation g+1 : started on SIGHUP or `forgezero-lifecycle reload`, same socket
 
-What to do is decided by :class:`~forgezero_lifecycle.serve.machine.SupervisorMachine` (its
-module docstring has the table of every state and event); this module only turns signals,
-process exits, channel reports and timers into its events and carries out its actions.
+What to do is decided by :class:`~forgezero_lifecycle.serve.machine.SupervisorMachine` (the
+table of every phase and event is :data:`~forgezero_lifecycle.serve.table.TABLE`); this module
+only turns signals, process exits, channel reports and timers into its events and carries out
+its actions. An event the table rules out ends the supervisor (its workers are killed); an
+action that would start something, decided before a stop, is dropped when its turn comes after
+the stop (a worker it would have started is reported as never started).
 
 * **Start**: every worker of generation 1 must report ready within ``--start-timeout``, or the
   supervisor stops them and exits 1, saying which worker failed and why. No worker accepts on
@@ -30,7 +33,7 @@ process exits, channel reports and timers into its events and carries out its ac
   refused and logged.
 * **Workers that die** while their generation accepts are replaced (logged with the exit
   reason); never into a generation that stopped accepting. A worker dying during a drain fails
-  that drain.
+  that drain; a worker not ready when the drain began is not part of it (it admitted nothing).
 
 Every task the supervisor starts (timers, the watch on each worker process, the state transfer)
 belongs to the task group :meth:`Supervisor.run` opens: one that fails ends the supervisor with
@@ -126,7 +129,8 @@ class Supervisor:
         self._generations: dict[int, Generation] = {}
         self.handovers = HandoverLog()
         self._records: dict[int, Handover] = {}
-        self._batches: asyncio.Queue[list[m.Action]] = asyncio.Queue()
+        #: Each batch of actions with the number of stops begun when it was decided.
+        self._batches: asyncio.Queue[tuple[int, list[m.Action]]] = asyncio.Queue()
         #: The supervisor's tasks, all owned by the task group :meth:`run` opens (kept here too,
         #: to cancel them when the machine says exit: a task group cannot cancel its tasks).
         self._group: asyncio.TaskGroup | None = None
@@ -134,6 +138,8 @@ class Supervisor:
         self._done = asyncio.Event()
         self._exit = 1
         self._began_handover = 0.0
+        #: What ended the supervisor when its machine was handed an impossible event.
+        self._failure: m.ImpossibleEventError | None = None
 
     @property
     def current(self) -> Generation | None:
@@ -154,10 +160,18 @@ class Supervisor:
         task.add_done_callback(self._tasks.discard)
 
     def _on(self, event: m.Event) -> list[m.Action]:
-        """Report ``event``: the machine decides, the actions are queued (carried out in order)."""
-        actions = self.machine.handle(event)
+        """Report ``event``: the machine decides, the actions are queued (carried out in order).
+        An event the machine's table rules out ends the supervisor (its workers are killed)."""
+        try:
+            actions = self.machine.handle(event)
+        except m.ImpossibleEventError as error:
+            logger.critical("supervisor.impossible_event: %s", error)
+            if self._failure is None:
+                self._failure = error
+            self._done.set()
+            return []
         if actions:
-            self._batches.put_nowait(actions)
+            self._batches.put_nowait((self.machine.stops, actions))
         return actions
 
     async def run(self) -> int:
@@ -166,13 +180,15 @@ class Supervisor:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_stop_signal, signum)
         loop.add_signal_handler(signal.SIGHUP, self._on_reload_signal)
-        self._batches.put_nowait(self.machine.start())
+        self._batches.put_nowait((0, self.machine.start()))
         try:
             async with asyncio.TaskGroup() as self._group:
                 self._spawn(self._carry_out())
                 await self._done.wait()
                 for task in list(self._tasks):
                     task.cancel()
+            if self._failure is not None:
+                raise self._failure
             return self._exit
         except Exception:
             logger.exception("supervisor.crashed: a bug in the supervisor; its workers are killed")
@@ -195,12 +211,27 @@ class Supervisor:
 
     async def _carry_out(self) -> None:
         while True:
-            batch = await self._batches.get()
+            stops, batch = await self._batches.get()
             for action in batch:
                 try:
-                    await self._act(action)
+                    if self.machine.outdated(action, stops):
+                        self._drop(action)
+                    else:
+                        await self._act(action)
                 except Exception:
                     logger.exception("supervisor.action_failed %s", action)
+
+    def _drop(self, action: m.Action) -> None:
+        """``action`` was decided before the stop: a worker it would start never starts."""
+        logger.info("supervisor.action_dropped %s: decided before the stop", action)
+        match action:
+            case m.StartGeneration(generation=number):
+                for worker in self._new_generation(number, None).prepare():
+                    worker.never_started()
+            case m.StartWorker(generation=number, index=index):
+                self._generations[number].forgo_worker(index).never_started()
+            case _:
+                pass  # a state transfer: the stop ended the handover it belonged to
 
     # Events from the outside.
 
@@ -288,8 +319,11 @@ class Supervisor:
                 self._spawn(self._hand_state(self._generations[old], self._generations[new]))
             case m.EmptyQueue():
                 self._spawn(self._empty_the_queue())
-            case m.StopWorkers(generation=number, indexes=indexes, force=force, short=short):
-                self._stop_workers(self._generations[number], indexes, force=force, short=short)
+            case m.StopWorkers(
+                generation=number, indexes=indexes, force=force, short=short, timer=timer
+            ):
+                generation = self._generations[number]
+                self._stop_workers(generation, indexes, force=force, short=short, timer=timer)
             case m.Kill(generation=number, indexes=indexes):
                 self._kill(self._generations[number], indexes)
             case m.Forget(generation=number):
@@ -346,6 +380,8 @@ class Supervisor:
         return generation
 
     async def _start_worker(self, generation: Generation, index: int) -> None:
+        if generation.workers[index].exited.is_set() and generation.workers[index].pid is None:
+            return  # stopped before it was spawned (the stop came first): it never starts
         try:
             worker = await generation.start_worker(index)
         except OSError as error:
@@ -429,7 +465,13 @@ class Supervisor:
             self._on(m.QueueEmptied())
 
     def _stop_workers(
-        self, generation: Generation, indexes: tuple[int, ...], *, force: bool, short: bool
+        self,
+        generation: Generation,
+        indexes: tuple[int, ...],
+        *,
+        force: bool,
+        short: bool,
+        timer: int,
     ) -> None:
         workers = [generation.workers[index] for index in indexes]
         for worker in workers:
@@ -438,11 +480,7 @@ class Supervisor:
             else:
                 self._spawn(worker.command("stop", force=force))
         bound = FORCED_STOP_BOUND if force else UNREADY_STOP_BOUND if short else self._stop_bound
-        self._spawn(self._stop_timer(generation, bound))
-
-    async def _stop_timer(self, generation: Generation, bound: float) -> None:
-        await asyncio.sleep(bound)
-        self._on(m.StopTimeout(generation.number))
+        self._spawn(self._later(bound, m.StopTimeout(generation.number, timer)))
 
     def _kill(self, generation: Generation, indexes: tuple[int, ...]) -> None:
         for index in indexes:
