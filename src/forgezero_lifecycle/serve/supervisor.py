@@ -293,7 +293,9 @@ class Supervisor:
             case m.Kill(generation=number, indexes=indexes):
                 self._kill(self._generations[number], indexes)
             case m.Forget(generation=number):
-                self._generations.pop(number, None)
+                forgotten = self._generations.pop(number, None)
+                if forgotten is not None:
+                    forgotten.close()
             case m.HandoverBegun(number=handover, from_generation=old, to_generation=new):
                 self._began_handover = time.monotonic()
                 record = self.handovers.begin(old)
