@@ -182,6 +182,8 @@ class Supervisor:
             for signum in handled:
                 loop.remove_signal_handler(signum)
             await self._kill_leftovers()
+            for generation in self._generations.values():
+                generation.close()
 
     async def _kill_leftovers(self) -> None:
         """Only after a crash of the supervisor's own code: nothing may outlive it."""
