@@ -19,6 +19,12 @@ worker's stop is a handover:
   coming. Without a runtime the shutdown does the same without the drain;
 * QUIT (gunicorn's quick stop) and a second TERM: the shutdown at once, still lingering.
 
+Each worker accepts one connection each time the shared socket wakes it
+(:mod:`forgezero_lifecycle.stop.accepting`), where uvicorn's would take every connection queued:
+a burst of connections is shared with the siblings woken by the same readiness. (Without the
+per-generation tally ``serve --workers`` keeps, a worker that gets the CPU first under contention
+still takes more than its share.)
+
 gunicorn waits ``--graceful-timeout`` seconds for a worker after its final TERM before it kills
 it: it must be at least ``HANDOVER_GRACE`` + ``signal_drain_timeout`` + the lingering close
 (``LINGER_TIMEOUT``) + a margin, or the arbiter kills a worker that is still draining. The
@@ -31,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import sys
 from typing import Final
 
@@ -38,6 +45,7 @@ from gunicorn.arbiter import Arbiter
 from uvicorn_worker import UvicornWorker as _UvicornWorker
 
 from .serve.server import find_runtime
+from .stop.accepting import accept_one_at_a_time
 from .stop.connections import LINGER_TIMEOUT, ConnectionStop, zero_loss_protocol
 from .stop.server import FIRST_BYTE_GRACE, HANDOVER_GRACE, ZeroLossServer
 
@@ -68,7 +76,7 @@ class UvicornWorker(_UvicornWorker):
         config.load()
         stop = ConnectionStop(FIRST_BYTE_GRACE)
         config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
-        server = ZeroLossServer(config, stop, shared_listener=True)
+        server = _OneAtATimeServer(config, stop, shared_listener=True)
         self._check_graceful_timeout()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGQUIT, server.handle_exit, signal.SIGQUIT, None)
@@ -94,6 +102,16 @@ class UvicornWorker(_UvicornWorker):
                 HANDOVER_GRACE,
                 runtime.signal_drain.timeout,
             )
+
+
+class _OneAtATimeServer(ZeroLossServer):
+    """Accepts on gunicorn's sockets one connection a wake-up (:mod:`.stop.accepting`), so the
+    worker woken first does not take a whole burst of connections from its siblings."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=None if sockets is None else [])
+        if sockets is not None and self.started:
+            accept_one_at_a_time(self, sockets)
 
 
 class UvicornH11Worker(UvicornWorker):

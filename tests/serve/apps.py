@@ -12,6 +12,8 @@ Configured from the environment the tests set (the library reads none)::
                     ``one-fails``: the first is ready at once, the others fail their startup
                     3.5 s later
 
+``/busy`` spends about 1 ms of CPU and answers the worker's PID (not recorded).
+
 Records: ``started``, ``draining``, ``settled <state>`` (drained, failed, rolled-back),
 ``resumed`` (after a rollback) and
 ``admitted <path>`` for every counted request, each followed by the monotonic time.
@@ -126,12 +128,25 @@ async def slow(request: Request) -> Response:
     return JSONResponse({"pid": os.getpid()})
 
 
+async def busy(request: Request) -> Response:
+    """About 1 ms of CPU, then this worker's PID (a CPU-bound handler)."""
+    until = time.process_time() + 0.001
+    while time.process_time() < until:  # busy on purpose: the CPU is the bottleneck
+        pass
+    return JSONResponse({"pid": os.getpid()})
+
+
 async def me(request: Request) -> Response:
     return JSONResponse({"pid": os.getpid(), **runtime.in_flight().model_dump()})
 
 
 app = Starlette(
-    routes=[Route("/pid", pid), Route("/slow", slow), Route("/_w/me", me)],
+    routes=[
+        Route("/pid", pid),
+        Route("/slow", slow),
+        Route("/busy", busy),
+        Route("/_w/me", me),
+    ],
     lifespan=lifespan,
 )
 runtime.install(app)

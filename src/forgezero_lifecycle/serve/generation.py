@@ -28,6 +28,7 @@ from typing import Any, Literal, final
 from .._errors import DrainFailedError
 from ..core.drain import DrainController
 from ..core.self_drain import UNKNOWN_REVISION
+from ..stop.accepting import Tally
 from ..wire.drain import (
     DRAIN_PROTOCOL,
     MAX_DRAIN_TIMEOUT_MS,
@@ -80,6 +81,8 @@ class Generation:
         #: ready holds no admitted work).
         self._drained_by: list[WorkerHandle] = []
         self.controller = DrainController(_FanOut(self), revision=self.revision)
+        # Each worker's open connections, so a burst spreads over them (stop.accepting).
+        self.tally, self._tally_file = Tally.create(options.workers)
 
     def __repr__(self) -> str:
         return f"generation {self.number}"
@@ -107,6 +110,7 @@ class Generation:
         )
 
     def _exited(self, worker: WorkerHandle) -> None:
+        self.tally.clear(worker.index)  # its count no longer holds its siblings back
         self.changed()
         self._on_exit(worker)
 
@@ -134,8 +138,13 @@ class Generation:
         if self.workers[index].process is not None:
             self.workers[index] = self._handle(index)
         worker = self.workers[index]
-        await worker.spawn(self._listeners, self._config(worker))
+        await worker.spawn(self._listeners, self._config(worker), self._tally_file.fileno())
         return worker
+
+    def close(self) -> None:
+        """Release what the generation holds (once forgotten: its workers are gone)."""
+        self.tally.close()
+        self._tally_file.close()
 
     def ready(self) -> None:
         """Every worker is ready: take the revision they agree on."""

@@ -198,6 +198,8 @@ class Supervisor:
             for signum in handled:
                 loop.remove_signal_handler(signum)
             await self._kill_leftovers()
+            for generation in self._generations.values():
+                generation.close()
 
     async def _kill_leftovers(self) -> None:
         """Only after a crash of the supervisor's own code: nothing may outlive it."""
@@ -327,7 +329,9 @@ class Supervisor:
             case m.Kill(generation=number, indexes=indexes):
                 self._kill(self._generations[number], indexes)
             case m.Forget(generation=number):
-                self._generations.pop(number, None)
+                forgotten = self._generations.pop(number, None)
+                if forgotten is not None:
+                    forgotten.close()
             case m.HandoverBegun(number=handover, from_generation=old, to_generation=new):
                 self._began_handover = time.monotonic()
                 record = self.handovers.begin(old)

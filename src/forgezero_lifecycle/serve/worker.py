@@ -13,7 +13,9 @@ What the supervisor sees (events on the channel)::
 A ready worker serves only its private listener until the supervisor commands ``accept`` (once
 every worker of its generation is ready): then it accepts on the shared listeners too. Until
 then the connections wait in the kernel's accept queue, so the first worker to be ready does not
-take a whole burst of keep-alive clients for itself. The commands are a dispatch table
+take a whole burst of keep-alive clients for itself. It accepts one connection a wake-up, and
+leaves a queued one to a sibling that holds fewer (the generation's
+:class:`~forgezero_lifecycle.stop.accepting.Tally`, passed as ``--tally-fd``). The commands are a dispatch table
 (:data:`~forgezero_lifecycle.serve.messages.COMMANDS`); a malformed command is answered
 ``RUNTIME_BAD_MESSAGE`` and changes nothing.
 
@@ -50,6 +52,7 @@ import uvicorn
 
 from .._errors import LifecycleError
 from ..runtime import Runtime
+from ..stop.accepting import Tally, accept_one_at_a_time
 from ..wire import paths
 from .channel import Channel, ChannelClosedError, read_frame_blocking
 from .command import load_app
@@ -103,6 +106,8 @@ class WorkerAgent:
         self.generation = generation
         self.server: uvicorn.Server | None = None
         self.shared: list[socket.socket] = []
+        #: The generation's tally of open connections (the shared listeners are balanced on it).
+        self.tally: Tally | None = None
         self._accepting = False
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -244,22 +249,8 @@ class WorkerAgent:
         if self._accepting:
             return {"ok": True}
         self._accepting = True
-        config = server.config
-        state, app_state = server.server_state, server.lifespan.state
-
-        def protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
-            # What uvicorn's Server.startup builds for each socket it is given.
-            made: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
-                config=config, server_state=state, app_state=app_state, _loop=_loop
-            )
-            return made
-
-        loop = asyncio.get_running_loop()
-        for sock in self.shared:
-            listening = await loop.create_server(
-                protocol, sock=sock, ssl=config.ssl, backlog=config.backlog
-            )
-            server.servers.append(listening)
+        # One connection per wake-up, so a burst spreads over the generation's workers.
+        accept_one_at_a_time(server, self.shared, self.tally)
         logger.info("worker.accepting worker=%d listeners=%d", self.index, len(self.shared))
         return {"ok": True}
 
@@ -325,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--channel-fd", type=int, required=True)
     parser.add_argument("--listen-fd", type=int, action="append", default=[])
     parser.add_argument("--supervisor-pid", type=int, required=True)
+    parser.add_argument("--tally-fd", type=int, default=None)
     args = parser.parse_args(argv)
     signal.pthread_sigmask(signal.SIG_BLOCK, _COMMANDED)
     _set_parent_death_signal(PARENT_DEATH_SIGNAL)
@@ -340,7 +332,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     label = f"worker={config['index']} generation={config['generation']}"
     options = dataclasses.replace(options, log_label=label)
     listeners = [socket.socket(fileno=fd) for fd in args.listen_fd]
-    return asyncio.run(_serve(config, options, listeners, channel_sock, args.supervisor_pid))
+    workers = options.workers or 1
+    tally = None if args.tally_fd is None else Tally.attach(args.tally_fd, workers, config["index"])
+    return asyncio.run(_serve(config, options, listeners, channel_sock, args.supervisor_pid, tally))
 
 
 async def _serve(
@@ -349,6 +343,7 @@ async def _serve(
     listeners: list[socket.socket],
     channel_sock: socket.socket,
     supervisor_pid: int,
+    tally: Tally | None,
 ) -> int:
     index, generation = int(config["index"]), int(config["generation"])
     agent_box: list[WorkerAgent] = []
@@ -381,6 +376,7 @@ async def _serve(
         supervisor_pid=supervisor_pid,
     )
     agent.shared = listeners
+    agent.tally = tally
     agent_box.append(agent)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(PARENT_DEATH_SIGNAL, agent.stop, "the supervisor is gone")

@@ -137,17 +137,20 @@ class WorkerHandle:
 
     # The process.
 
-    async def spawn(self, listeners: Sequence[socket.socket], config: dict[str, Any]) -> None:
+    async def spawn(
+        self, listeners: Sequence[socket.socket], config: dict[str, Any], tally: int
+    ) -> None:
+        """Start the process; ``tally`` is the descriptor of its generation's tally."""
         ours, theirs = socket.socketpair()
         fds = [sock.fileno() for sock in listeners]
         command = [
             sys.executable, "-m", "forgezero_lifecycle.serve.worker",
             "--channel-fd", str(theirs.fileno()), "--supervisor-pid", str(os.getpid()),
-            *(f"--listen-fd={fd}" for fd in fds),
+            *(f"--listen-fd={fd}" for fd in fds), "--tally-fd", str(tally),
         ]  # fmt: skip
         try:
             self.process = await asyncio.create_subprocess_exec(
-                *command, pass_fds=(theirs.fileno(), *fds), stdin=asyncio.subprocess.DEVNULL
+                *command, pass_fds=(theirs.fileno(), *fds, tally), stdin=asyncio.subprocess.DEVNULL
             )
         finally:
             theirs.close()

@@ -4,7 +4,8 @@
 class (:mod:`forgezero_lifecycle.gunicorn`) and the runtime's signal hook under a uvicorn the
 user runs (:mod:`forgezero_lifecycle.core.signal_drain`) all stop the same way. Modules:
 ``sockets`` (the stop of a listener), ``connections`` (the stop of each connection), ``server``
-(the two put together on a uvicorn ``Server``), ``_uvicorn`` (what of uvicorn that relies on).
+(the two put together on a uvicorn ``Server``), ``accepting`` (accepting on a socket sibling
+processes share, one connection a wake-up), ``_uvicorn`` (what of uvicorn that relies on).
 
 It sits below ``core`` in the layers (pyproject's import-linter contract): it imports uvicorn
 and the standard library only, never the runtime.

@@ -12,10 +12,12 @@ The stop (:mod:`forgezero_lifecycle.stop.server`) and ``forgezero-lifecycle serv
 * the HTTP protocol classes (``H11Protocol``, ``HttpToolsProtocol``): ``connection_made``,
   ``data_received``, ``on_response_complete`` and ``shutdown`` (extended), and the instance
   attributes ``transport`` and ``cycle`` (``keep_alive``, ``response_complete``);
-* what a ``serve --workers`` worker needs to start accepting on the shared listener only once
-  its whole generation is ready (``serve.worker``): the protocol classes built as
-  ``cls(config=, server_state=, app_state=, _loop=)``, as ``Server.startup`` builds them, and the
-  lifespan's ``state`` (``LifespanOn``, ``LifespanOff``).
+* what a ``serve --workers`` worker and the gunicorn worker class need to accept on a shared
+  listener their own way (:mod:`.accepting`: once the generation is ready, one connection a
+  wake-up): the protocol classes built as ``cls(config=, server_state=, app_state=, _loop=)``,
+  as ``Server.startup`` builds them, the lifespan's ``state`` (``LifespanOn``, ``LifespanOff``),
+  ``Server.startup(sockets=[])`` starting no listener, and ``Server.servers`` entries used only
+  through ``close()``, ``wait_closed()`` and ``sockets``.
 
 :func:`missing` checks them against the installed uvicorn; ``serve`` refuses to start without
 them (:func:`check`), the signal hook logs why it leaves uvicorn's own stop in place. Checked
