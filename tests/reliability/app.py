@@ -13,6 +13,7 @@ Configured from the environment the tests set (the library itself reads none)::
     FZREL_JOB_SECONDS    how long a job's handler works before it commits
     FZREL_JOB_LEASE      the worker's lease, seconds
     FZREL_STARTUP_DELAY  seconds the lifespan startup takes (a slow app's start-up)
+    FZREL_SIGNAL_DRAIN   the runtime's signal_drain_timeout, seconds (default 30)
 
 Records (``FZREL_RECORDS``), written with one unbuffered ``write`` each, so a SIGKILL loses none::
 
@@ -120,6 +121,7 @@ if not bare:
         revision=os.environ.get("FORGEZERO_REVISION"),
         state_adapter=state,
         stream_grace=float(os.environ.get("FZREL_STREAM_GRACE", "2.0")),
+        signal_drain_timeout=float(os.environ.get("FZREL_SIGNAL_DRAIN", "30")),
         exempt=_exempt,
     )
 workers: list[JobWorker[Any]] = []
@@ -135,8 +137,13 @@ def _finish(request_id: str) -> None:
 
 
 async def fast(request: Request) -> Response:
+    """``?cpu_ms=N``: the handler first keeps the CPU busy for N ms (a worker that is busy
+    accepts nothing meanwhile, as under a CPU-bound app)."""
     request_id = _request_id(request)
     record("S", request_id)
+    busy_until = time.perf_counter() + float(request.query_params.get("cpu_ms", "0")) / 1000
+    while time.perf_counter() < busy_until:
+        pass
     _finish(request_id)
     return JSONResponse({"id": request_id, "gen": GENERATION})
 
@@ -186,6 +193,20 @@ async def echo(websocket: WebSocket) -> None:
             await websocket.send_text(await websocket.receive_text())
     except WebSocketDisconnect:
         pass
+
+
+async def push(websocket: WebSocket) -> None:
+    """Server push: a tick every ``ms`` (100) milliseconds, whatever the client does, padded to
+    ``size`` bytes (``?size=65536&ms=0`` fills a non-reading client's buffers at once); the
+    client's messages are never read."""
+    await websocket.accept()
+    interval = float(websocket.query_params.get("ms", "100")) / 1000
+    padding = "." * int(websocket.query_params.get("size", "0"))
+    tick = 0
+    while True:
+        tick += 1
+        await websocket.send_text(f"{GENERATION} tick {tick}{padding}")
+        await asyncio.sleep(interval)
 
 
 async def stats(request: Request) -> Response:
@@ -279,6 +300,7 @@ routes = [
     Route("/stream", stream),
     Route("/submit", submit, methods=["POST"]),
     WebSocketRoute("/ws", echo),
+    WebSocketRoute("/ws/push", push),
     Route("/_rel/stats", stats),
 ]
 if bare:

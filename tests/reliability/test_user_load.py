@@ -1,0 +1,331 @@
+"""Every server row of docs/servers.md under a user's load, through every signal it offers,
+the final stop included (the rows: ``_rows.py``).
+
+One run per row: the server starts; a burst of :data:`BURST` connections is opened at once; then,
+until after the process has exited, the load keeps coming:
+
+* :data:`KEEP_ALIVE` keep-alive clients (fast, slow, streamed and POST requests) and
+  :data:`SLOW` slow ones that idle up to :data:`SLOW_THINK` seconds between requests on a kept
+  connection;
+* :data:`FRESH` clients that open a new connection per request and send it up to
+  :data:`FRESH_LATENESS` seconds after the connect;
+* the three kinds of WebSocket client: echo sessions that talk, readers of a server-push route
+  that only read, and clients of a fat push route that never read.
+
+The row's reload (if it offers one) comes under that load, then the final SIGTERM. Each HTTP
+request is sent once (a client with nowhere else to go) and judged against the workers' own
+records: answered, refused (503 ``RUNTIME_DRAINING`` or a refused connection, never begun), or
+lost. Every row promises 0 lost and 0 refused before the final SIGTERM; the WebSocket sessions
+that read end with a close frame (1012 at a drain, to reconnect); the stop ends within the
+drain deadline and the row's own stop parts (``Row.stop_past_deadline``); where a row promises
+it, every worker takes at least :data:`SHARE` of a burst, at start-up and after a handover.
+Each run's figures go to the reliability report (``FORGEZERO_RELIABILITY_REPORT``), whose rows
+docs/servers.md quotes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Final
+
+import anyio
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, popen_logged
+from tests.serve.conftest import alive, children
+from tests.serve.test_handover import HANDOFF_TOKEN, LABEL, _close, _merged, revision
+
+from ._load import HttpLoad, LateSenders, Router, Target
+from ._records import ServerRecords
+from ._rows import DEADLINE, ROWS, Row
+from ._soak import report
+from ._verify import judge_stop
+
+pytestmark = [pytest.mark.server, pytest.mark.anyio]
+
+BURST: Final = 50
+#: The least share of a burst each worker takes where the row promises spreading.
+SHARE: Final = 0.3
+#: CPU each burst request keeps its worker busy for, in milliseconds (a CPU-bound app).
+BURST_CPU_MS: Final = 1
+KEEP_ALIVE: Final = 40
+SLOW: Final = 10
+SLOW_THINK: Final = 1.5
+FRESH: Final = 10
+FRESH_LATENESS: Final = 0.3
+ECHO_SESSIONS: Final = 3
+PUSH_READERS: Final = 3
+NON_READERS: Final = 2
+#: How long the load runs before the reload and before the final stop (any time would do: the
+#: load must be under way when a signal comes).
+UNDER_LOAD: Final = 1.5
+#: The load goes on this long after the process has exited (it must meet a refused port).
+AFTER_EXIT: Final = 0.5
+#: Slack on the stop's bound for a loaded machine (the suite runs in parallel processes).
+SLACK: Final = 5.0
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda row: row.name)
+@pytest.mark.timeout(180)
+async def test_user_load(row: Row, tmp_path: Path) -> None:
+    """The row's promises under a user's load (the module docstring)."""
+    result = await _run(row, tmp_path)
+    report(f"user-load-{row.name}", **{k: v for k, v in result.items() if k != "log"})
+    if row.zero_loss_stop:
+        assert result["problems"] == [], result
+        assert result["lost"] == 0, result
+    assert result["lost_before_stop"] == 0, result
+    assert result["refused_before_stop"] == 0, result
+    assert result["websocket_problems"] == [], result
+    assert result["exit_code"] in row.exit_codes, result
+    assert result["stop_seconds"] <= DEADLINE + row.stop_past_deadline + SLACK, result
+    assert result["after_stop"] > 0, result  # the load really met the final stop
+    if row.spreads_burst:
+        for burst in ("start", "handover"):
+            shares = result[f"burst_{burst}"]
+            assert isinstance(shares, list), result
+            assert len(shares) == row.workers, result
+            assert min(shares) >= SHARE * BURST, result
+
+
+async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    records = tmp_path / "worker-records"
+    records.mkdir()
+    revision_file = tmp_path / "revision"
+    revision_file.write_text(revision(1))
+    log_path = tmp_path / "server.log"
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(PROJECT_ROOT),
+        "FORGEZERO_CONTROL_TOKEN": CONTROL_TOKEN,
+        "FORGEZERO_HANDOFF_TOKEN": HANDOFF_TOKEN,
+        "FZREL_GENERATION": LABEL,
+        "FZREL_RECORDS": str(records / "{pid}.records"),
+        "FZREL_STREAM_GRACE": "1.0",
+        "FZREL_SIGNAL_DRAIN": f"{DEADLINE:g}",
+    }
+    command = [part.format(port=port, revision_file=revision_file) for part in row.command]
+    process = await anyio.to_thread.run_sync(lambda: popen_logged(command, environment, log_path))
+    seen: set[int] = set()
+    keep_alive = HttpLoad(_router(url, KEEP_ALIVE), clients=KEEP_ALIVE, seed=1, retry=False)
+    slow = HttpLoad(
+        _router(url, SLOW),
+        clients=SLOW,
+        seed=2,
+        think=SLOW_THINK,
+        retry=False,
+        kinds=("fast", "post"),
+    )
+    fresh = LateSenders(url, LABEL, clients=FRESH, seed=3, lateness=FRESH_LATENESS)
+    sockets = WebSocketClients(url)
+    exit_code: int | None = None
+    signalled = exited = 0.0
+    try:
+        with anyio.fail_after(60):
+            while not await _live(url):
+                assert process.poll() is None, log_path.read_text()
+                await anyio.sleep(0.05)
+        await _burst(url, "start")
+        async with anyio.create_task_group() as group:
+            for load in (keep_alive, slow, fresh):
+                group.start_soon(load.run)
+            group.start_soon(sockets.run)
+            await anyio.sleep(UNDER_LOAD)
+            if row.reload is not None:
+                seen |= set(children(process.pid))
+                await _reload(row, process.pid, url, revision_file, log_path)
+                seen |= set(children(process.pid))
+                await _burst(url, "handover")
+                await anyio.sleep(UNDER_LOAD)
+            seen |= set(children(process.pid))
+            signalled = time.monotonic()
+            sockets.final_stop = signalled
+            process.send_signal(signal.SIGTERM)
+            exit_code = await anyio.to_thread.run_sync(lambda: process.wait(60))
+            exited = time.monotonic()
+            await anyio.sleep(AFTER_EXIT)
+            for load in (keep_alive, slow, fresh):
+                load.stop()
+            sockets.stop()
+    finally:
+        if process.poll() is None:
+            seen |= set(children(process.pid))
+            process.kill()
+            await anyio.to_thread.run_sync(lambda: process.wait(60))
+        for pid in seen:
+            with contextlib.suppress(ProcessLookupError):
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+        for load in (keep_alive, slow):
+            await _close(load)
+    per_pid = {
+        int(path.name.split(".")[0]): ServerRecords.read(path) for path in records.glob("*.records")
+    }
+    everything = keep_alive.records + slow.records + fresh.records
+    verdict = judge_stop(everything, _merged(per_pid))
+    refusals = ("refused", "connect-refused")
+    return {
+        **verdict.counts(),
+        "requests": len(everything),
+        "refused_before_stop": sum(
+            r.outcome in refusals and r.done_at < signalled for r in everything
+        ),
+        "lost_before_stop": sum(
+            r.outcome != "ok" and r.outcome not in refusals and r.done_at < signalled
+            for r in everything
+        ),
+        "after_stop": sum(r.done_at >= signalled for r in everything),
+        "stop_seconds": round(exited - signalled, 2),
+        "burst_start": _shares(per_pid, "start"),
+        "burst_handover": _shares(per_pid, "handover") if row.reload else None,
+        "websocket_closes": dict(sockets.closes),
+        "websocket_problems": sockets.problems,
+        "problems": verdict.problems[:10],
+        "exit_code": exit_code,
+        "log": log_path.read_text()[-3000:],
+    }
+
+
+def _router(url: str, clients: int) -> Router:
+    return Router(Target.open(LABEL, url, clients + 5))
+
+
+async def _live(url: str) -> bool:
+    try:
+        async with httpx.AsyncClient(trust_env=False, timeout=2) as client:
+            return (await client.get(url + "/.forgezero/runtime/live")).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+async def _reload(row: Row, parent: int, url: str, revision_file: Path, log_path: Path) -> None:
+    """The row's reload, awaited until the new workers serve and the old ones are gone."""
+    before = set(children(parent))
+    if row.reload == "serve":
+        await anyio.Path(revision_file).write_text(revision(2))
+    os.kill(parent, signal.SIGHUP)
+    # A never-reading session holds the old workers' drains until the deadline: bound above it.
+    with anyio.fail_after(DEADLINE + 60):
+        if row.reload == "serve":
+            log = anyio.Path(log_path)
+            while "supervisor.handover_done" not in await log.read_text():  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        while before & set(children(parent)):  # noqa: ASYNC110 - /proc
+            await anyio.sleep(0.05)
+        while not await _live(url):  # noqa: ASYNC110 - a probe over HTTP
+            await anyio.sleep(0.05)
+
+
+async def _burst(url: str, name: str) -> None:
+    """:data:`BURST` connections opened at once, one CPU-bound request each (``burst-<name>-i``),
+    answered before this returns; which worker took each is in the workers' records."""
+    host, _, port = url.removeprefix("http://").partition(":")
+    opened = 0
+    all_open = anyio.Event()
+
+    async def one(number: int) -> None:
+        nonlocal opened
+        async with await anyio.connect_tcp(host, int(port)) as stream:
+            opened += 1
+            if opened == BURST:
+                all_open.set()
+            await all_open.wait()
+            await stream.send(
+                f"GET /fast?cpu_ms={BURST_CPU_MS} HTTP/1.1\r\nhost: {host}\r\n"
+                f"x-request-id: burst-{name}-{number}\r\nconnection: close\r\n\r\n".encode()
+            )
+            answer = b""
+            with contextlib.suppress(anyio.EndOfStream):
+                while True:
+                    answer += await stream.receive()
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as group:
+            for number in range(BURST):
+                group.start_soon(one, number)
+
+
+def _shares(per_pid: dict[int, ServerRecords], name: str) -> list[int]:
+    """How many of burst ``name``'s requests each worker that took one ran, fewest first."""
+    prefix = f"burst-{name}-"
+    counts = [sum(rid.startswith(prefix) for rid in r.started) for r in per_pid.values()]
+    return sorted(count for count in counts if count)
+
+
+class WebSocketClients:
+    """The three kinds of WebSocket client, until :meth:`stop`. A session that reads must end
+    with a close frame; before the final stop only with 1012 (a drain's), and then it reconnects.
+    After the final SIGTERM (:attr:`final_stop`) a refused handshake or connection ends it."""
+
+    def __init__(self, url: str) -> None:
+        self.base = "ws" + url.removeprefix("http")
+        self.final_stop = 0.0
+        self.closes: Counter[int] = Counter()
+        self.problems: list[str] = []
+        self._stopping = anyio.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as group:
+            for number in range(ECHO_SESSIONS):
+                group.start_soon(self._reading, f"echo {number}", "/ws", True)
+            for number in range(PUSH_READERS):
+                group.start_soon(self._reading, f"push {number}", "/ws/push", False)
+            for _ in range(NON_READERS):
+                group.start_soon(self._never_reading)
+
+    async def _reading(self, name: str, path: str, echo: bool) -> None:
+        sent = 0
+        while not self._stopping.is_set():
+            try:
+                async with connect(
+                    self.base + path, proxy=None, open_timeout=10, close_timeout=5
+                ) as session:
+                    while not self._stopping.is_set():
+                        if echo:
+                            sent += 1
+                            await session.send(f"{name}:{sent}")
+                        with anyio.fail_after(10):
+                            await session.recv()
+                        if echo:
+                            await anyio.sleep(0.05)
+                return
+            except ConnectionClosed as closed:
+                if closed.rcvd is None:
+                    self.problems.append(f"{name}: cut without a close frame")
+                    return
+                self.closes[closed.rcvd.code] += 1
+                if closed.rcvd.code != 1012:
+                    self.problems.append(f"{name}: close {closed.rcvd.code}")
+                    return
+            except (InvalidStatus, OSError) as refused:
+                if not self.final_stop:
+                    self.problems.append(f"{name}: refused before the final stop: {refused!r}")
+                return
+            except TimeoutError:
+                self.problems.append(f"{name}: nothing received for 10 s")
+                return
+
+    async def _never_reading(self) -> None:
+        """A session of the fat push route whose client reads nothing: the server's sends
+        block once the buffers are full, and only the drain's cutoff ends it."""
+        url = self.base + "/ws/push?size=65536&ms=0"
+        with contextlib.suppress(ConnectionClosed, InvalidStatus, OSError, TimeoutError):
+            async with connect(
+                url, proxy=None, open_timeout=10, close_timeout=1, max_queue=1
+            ) as session:
+                await self._stopping.wait()
+                await session.close()
