@@ -16,10 +16,10 @@ destroy a response already written. :class:`ConnectionStop` replaces that with:
   the client's FIN or ``LINGER_TIMEOUT``, and only then closes, so the client reads the whole
   answer and never meets a reset caused by bytes the server did not read.
 
-* a bound: a connection still open at the first-byte grace plus the lingering close plus a
-  second, with no HTTP response under way, is aborted and named in the log
-  (:meth:`ConnectionStop.abort_overdue`), so nothing the stop does not drive itself (a WebSocket
-  protocol whose close never completes) holds the exit until the server's graceful timeout;
+* a bound: a WebSocket session still open at the first-byte grace plus the lingering close
+  plus a second after the stop told it to close is aborted and named in the log
+  (:meth:`ConnectionStop.abort_overdue`), so a close that never completes does not hold the exit
+  until the server's graceful timeout;
 
 * once the stop has begun, a request that arrives on an open connection is answered with
   ``Connection: close`` (its cycle's ``keep_alive`` is cleared as it is parsed), so a keep-alive
@@ -81,21 +81,24 @@ class ConnectionStop:
     @property
     def bound(self) -> float:
         """Seconds after :meth:`begin` by which every connection with no response under way has
-        closed: the first-byte grace, a quick answer, and a lingering close."""
+        closed: the first-byte grace, a quick answer, and a lingering close (a WebSocket
+        session's close handshake takes less)."""
         return self.first_byte_grace + LINGER_TIMEOUT + OVERDUE_MARGIN
 
     def abort_overdue(self, connections: set[Any]) -> list[str]:
-        """Abort every connection still open at :attr:`bound` that has no HTTP response under
-        way (a response keeps the server's graceful timeout); returns their protocols' names.
+        """Abort every connection still open at :attr:`bound` that the stop does not drive
+        itself; returns their protocols' names.
 
-        Such a connection is held by something the stop does not drive itself, a WebSocket
-        protocol whose close never completes, say: it would hold the server's exit until its
-        graceful timeout (the drain deadline and more) for nothing.
+        An HTTP connection is the stop's own (its first-byte grace and lingering close are
+        bounded, a response under way has the server's graceful timeout), and one that looks
+        idle may hold a request the loop has not read yet: it is left alone. Anything else is a
+        WebSocket session told to close when the stop began (1012): one still open now is held
+        by a close that never completes, and would hold the server's exit until its graceful
+        timeout (the drain deadline and more) for nothing.
         """
         aborted: list[str] = []
         for connection in list(connections):
-            cycle = getattr(connection, "cycle", None)
-            if cycle is not None and not cycle.response_complete:
+            if hasattr(connection, "cycle"):
                 continue
             aborted.append(type(connection).__name__)
             connection.transport.abort()

@@ -9,10 +9,9 @@ Once the drain has settled (:func:`zero_loss_shutdown`):
    longer accepted from, and keeps its queue for them;
 2. every connection gets the first-byte grace or closes after its response
    (:class:`.connections.ConnectionStop`), each closed the lingering way;
-3. then uvicorn's own wait for connections and tasks, and the lifespan shutdown; a connection
-   with no response under way still open at the stop's bound
-   (:attr:`.connections.ConnectionStop.bound`) is aborted and named, so the exit never waits for
-   it until the graceful timeout.
+3. then uvicorn's own wait for connections and tasks, and the lifespan shutdown; a WebSocket
+   session still open at the stop's bound (:attr:`.connections.ConnectionStop.bound`) is aborted
+   and named, so the exit never waits for its close until the graceful timeout.
 
 A stop on a shared listener can begin as a handover (:meth:`ServerStop.hand_over`): this
 process stops accepting at once and every HTTP connection is armed, so keep-alive clients are
@@ -125,8 +124,8 @@ def _abort_overdue(stop: ConnectionStop, connections: set[Any]) -> None:
     aborted = stop.abort_overdue(connections)
     if aborted:
         logger.warning(
-            "stop.overdue_connections aborted=%d kinds=%s: open %.1f s after the stop began "
-            "with no response under way",
+            "stop.overdue_connections aborted=%d kinds=%s: still open %.1f s after the stop "
+            "told them to close",
             len(aborted),
             _kinds(aborted),
             stop.bound,
