@@ -15,7 +15,7 @@ import pytest
 
 from ._control import WireControl
 from ._servers import RunningServer
-from .conftest import run_test_app
+from .conftest import ServerLog, run_test_app
 
 pytestmark = [pytest.mark.server, pytest.mark.anyio]
 
@@ -33,6 +33,22 @@ async def http(server: RunningServer) -> AsyncIterator[httpx.AsyncClient]:
         base_url=server.url, timeout=10.0, http1=False, http2=True
     ) as client:
         yield client
+
+
+@pytest.fixture
+async def control(
+    server: RunningServer, server_log: ServerLog, http: httpx.AsyncClient
+) -> AsyncIterator[WireControl]:
+    """The control client over HTTP/2; afterwards every drain it began is rolled back over a new
+    connection: the drain sent every connection its final GOAWAY and closed it, and a request
+    that races that close is never processed (a client sends it again on a new connection)."""
+    client = WireControl(http)
+    yield client
+    async with httpx.AsyncClient(
+        base_url=server.url, timeout=10.0, http1=False, http2=True
+    ) as fresh:
+        client.http = fresh
+        await client.reset()
 
 
 async def test_h2_response_arrives_whole(http: httpx.AsyncClient, control: WireControl) -> None:

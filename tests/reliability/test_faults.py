@@ -199,6 +199,8 @@ async def test_deadline_then_rollback(fleet: Fleet, sqlite_jobs: SharedJobs) -> 
     assert fast.status_code == 200
     assert [r.status_code for r in results] == [200, 200, 200]
     await sqlite_jobs.wait_done(2, seconds=20)
+    # The worker writes its commit record just after the store's commit returns: wait for both.
+    await _wait_for(lambda: _jobs_committed(gen, 2))
     records = gen.records()
     assert sorted((await sqlite_jobs.effects_per_job()).values()) == [1, 1]
     assert [fence for _, fence in records.jobs_begun] == [1, 1, 2, 2]
@@ -224,6 +226,10 @@ async def _http_in_flight(generation: Generation, count: int) -> bool:
 
 async def _jobs_begun(generation: Generation, count: int) -> bool:
     return len(generation.records().jobs_begun) >= count
+
+
+async def _jobs_committed(generation: Generation, count: int) -> bool:
+    return len(generation.records().jobs_committed) >= count
 
 
 async def _slow(generation: Generation, request_id: str, into: list[httpx.Response]) -> None:

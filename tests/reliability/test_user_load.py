@@ -37,7 +37,7 @@ import anyio
 import httpx
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, popen_logged
 from tests.serve.conftest import alive, children
@@ -311,7 +311,7 @@ class WebSocketClients:
                 if closed.rcvd.code != 1012:
                     self.problems.append(f"{name}: close {closed.rcvd.code}")
                     return
-            except (InvalidStatus, OSError) as refused:
+            except (InvalidHandshake, OSError) as refused:  # a 503, or a port that closed
                 if not self.final_stop:
                     self.problems.append(f"{name}: refused before the final stop: {refused!r}")
                 return
@@ -323,7 +323,7 @@ class WebSocketClients:
         """A session of the fat push route whose client reads nothing: the server's sends
         block once the buffers are full, and only the drain's cutoff ends it."""
         url = self.base + "/ws/push?size=65536&ms=0"
-        with contextlib.suppress(ConnectionClosed, InvalidStatus, OSError, TimeoutError):
+        with contextlib.suppress(ConnectionClosed, InvalidHandshake, OSError, TimeoutError):
             async with connect(
                 url, proxy=None, open_timeout=10, close_timeout=1, max_queue=1
             ) as session:

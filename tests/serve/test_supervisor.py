@@ -187,7 +187,9 @@ def test_failed_reload_says_why(
     on; ``--no-wait`` returns while the handover is still running."""
     monkeypatch.setenv("FORGEZERO_CONTROL_TOKEN", CONTROL_TOKEN)
     mode = tmp_path / "mode"
-    served = start_supervised("--start-timeout", "5s", workers=2, env={"FZW_MODE_FILE": str(mode)})
+    # 10 s: the first generation's two imports must fit in it on a loaded machine (the new one
+    # crashes at once, so the bound costs nothing there).
+    served = start_supervised("--start-timeout", "10s", workers=2, env={"FZW_MODE_FILE": str(mode)})
     before = served.workers()
     mode.write_text("crash")
     result = run(capsys, "reload", "--url", served.url, "--json")
