@@ -49,6 +49,7 @@ from typing import Any, Final, final
 import uvicorn
 
 from .._errors import LifecycleError
+from .._internals import uvicorn as _uvicorn
 from ..runtime import Runtime
 from ..wire import paths
 from .channel import Channel, ChannelClosedError, read_frame_blocking
@@ -244,22 +245,7 @@ class WorkerAgent:
         if self._accepting:
             return {"ok": True}
         self._accepting = True
-        config = server.config
-        state, app_state = server.server_state, server.lifespan.state
-
-        def protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
-            # What uvicorn's Server.startup builds for each socket it is given.
-            made: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
-                config=config, server_state=state, app_state=app_state, _loop=_loop
-            )
-            return made
-
-        loop = asyncio.get_running_loop()
-        for sock in self.shared:
-            listening = await loop.create_server(
-                protocol, sock=sock, ssl=config.ssl, backlog=config.backlog
-            )
-            server.servers.append(listening)
+        await _uvicorn.accept_on(server, self.shared)
         logger.info("worker.accepting worker=%d listeners=%d", self.index, len(self.shared))
         return {"ok": True}
 
