@@ -52,8 +52,7 @@ def _own_names(trees: dict[Path, ast.Module]) -> set[str]:
             elif isinstance(node, ast.alias):
                 own.add((node.asname or node.name).rpartition(".")[2])
             elif isinstance(node, ast.Assign) and any(
-                isinstance(target, ast.Name) and target.id == "__slots__"
-                for target in node.targets
+                isinstance(target, ast.Name) and target.id == "__slots__" for target in node.targets
             ):
                 own |= {
                     constant.value

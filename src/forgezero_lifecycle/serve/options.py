@@ -13,7 +13,7 @@ from typing import Final, final
 
 from .._errors import ConfigurationError
 from .._tokens import read_token
-from ..wire._protocol import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS
+from ..wire import _protocol
 from ..wire._types import is_revision
 
 __all__ = [
@@ -94,12 +94,7 @@ def parse_deadline(text: str) -> float:
 
 def deadline_problem(seconds: float) -> str | None:
     """Why ``seconds`` cannot be a deadline (too short, too long), or None."""
-    milliseconds = round(seconds * 1000)
-    if milliseconds < MIN_DRAIN_TIMEOUT_MS:
-        return f"too short: a deadline is at least {MIN_DRAIN_TIMEOUT_MS}ms"
-    if milliseconds > MAX_DRAIN_TIMEOUT_MS:
-        return f"too long: a deadline is at most {MAX_DRAIN_TIMEOUT_MS // 60_000}m"
-    return None
+    return _protocol.deadline_problem(round(seconds * 1000))
 
 
 def parse_revision(text: str) -> str:
