@@ -10,7 +10,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, final
+from typing import Any, Final, final
 
 from .._errors import ConfigurationError
 from .._tokens import read_token
@@ -125,7 +125,9 @@ signals (with --workers; FORGEZERO_REVISION and the graces are then set per gene
 
 
 #: Every flag's default is the :class:`ServeOptions` field's (written there only).
-_DEFAULTS: Final = {field.name: field.default for field in dataclasses.fields(ServeOptions)}
+_DEFAULTS: Final[dict[str, Any]] = {
+    field.name: field.default for field in dataclasses.fields(ServeOptions)
+}
 
 
 def _seconds(seconds: float) -> str:
