@@ -30,6 +30,11 @@ it: it must be at least ``HANDOVER_GRACE`` + ``signal_drain_timeout`` + the ling
 (``LINGER_TIMEOUT``) + a margin, or the arbiter kills a worker that is still draining. The
 worker logs a warning at startup when it is smaller. After the drain the worker sends no
 heartbeat, so ``--timeout`` must also exceed the stop's last part (a few seconds).
+
+At start-up the worker checks what it relies on of gunicorn, uvicorn-worker and uvicorn
+(:mod:`forgezero_lifecycle._internals.gunicorn`, :mod:`forgezero_lifecycle._internals.uvicorn`);
+where one lacks something it logs ``gunicorn.zero_loss_unavailable`` with their versions and
+runs uvicorn-worker's own worker instead.
 """
 
 from __future__ import annotations
@@ -41,9 +46,11 @@ import socket
 import sys
 from typing import Final
 
-from gunicorn.arbiter import Arbiter
 from uvicorn_worker import UvicornWorker as _UvicornWorker
 
+from ._internals import gunicorn as _gunicorn
+from ._internals import report
+from ._internals import uvicorn as _uvicorn
 from .serve.server import find_runtime
 from .stop.accepting import accept_one_at_a_time
 from .stop.connections import LINGER_TIMEOUT, ConnectionStop, zero_loss_protocol
@@ -67,6 +74,17 @@ class UvicornWorker(_UvicornWorker):
     """``gunicorn -k forgezero_lifecycle.gunicorn.UvicornWorker``: the module docstring."""
 
     def run(self) -> None:
+        lacking = _gunicorn.missing() + _uvicorn.missing()
+        if lacking:
+            logger.warning(
+                "gunicorn.zero_loss_unavailable versions=%s missing=%s: uvicorn-worker's own "
+                "worker runs, which resets connections still queued or idle at its stop",
+                f"{_gunicorn.version()}, uvicorn {_uvicorn.version()}",
+                ",".join(lacking),
+            )
+            super().run()
+            return
+        report(("asyncio",))
         with asyncio.Runner(loop_factory=self.config.get_loop_factory()) as runner:
             runner.run(self._serve_without_loss())
 
@@ -82,7 +100,7 @@ class UvicornWorker(_UvicornWorker):
         loop.add_signal_handler(signal.SIGQUIT, server.handle_exit, signal.SIGQUIT, None)
         await server.serve(sockets=self.sockets)
         if not server.started:
-            sys.exit(Arbiter.WORKER_BOOT_ERROR)
+            sys.exit(_gunicorn.worker_boot_error())
 
     def _check_graceful_timeout(self) -> None:
         runtime = find_runtime(self.wsgi)

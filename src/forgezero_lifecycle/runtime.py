@@ -35,6 +35,7 @@ The library reads no environment variables; the CLI maps them to these arguments
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
@@ -52,7 +53,12 @@ from .core.participant import WorkParticipant, as_participant
 from .core.signal_drain import SignalDrain
 from .core.steps import DrainSteps
 from .wire import paths
-from .wire._protocol import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, is_revision
+from .wire._protocol import (
+    MAX_DRAIN_TIMEOUT_MS,
+    MIN_DRAIN_TIMEOUT_MS,
+    deadline_problem,
+    is_revision,
+)
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -335,7 +341,8 @@ def _check_signal_options(drain_on_signal: object, timeout: object) -> None:
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, int | float)
-        or not low <= timeout <= high  # NaN fails this too
+        or not math.isfinite(timeout)
+        or deadline_problem(round(timeout * 1000)) is not None
     ):
         raise ConfigurationError(
             detail=f"signal_drain_timeout must be {low:g} to {high:g} seconds, not {timeout!r}"

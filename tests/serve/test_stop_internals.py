@@ -6,7 +6,7 @@ import pytest
 import uvicorn
 
 from forgezero_lifecycle._errors import ConfigurationError
-from forgezero_lifecycle.stop import _uvicorn
+from forgezero_lifecycle._internals import uvicorn as _uvicorn
 from forgezero_lifecycle.stop.connections import LINGER_TIMEOUT
 from forgezero_lifecycle.stop.server import HANDOVER_GRACE, ServerStop
 
@@ -80,4 +80,10 @@ def test_protocol_mismatch_named(
 
     monkeypatch.setattr(H11Protocol, "__init__", other)
     lacking = _uvicorn.missing(uvicorn.Server(uvicorn.Config(_app, log_config=None)))
-    assert lacking == ["H11Protocol(app_state=)", "H11Protocol(_loop=)"]
+    # Its __init__ sets neither transport nor cycle either: both are named too.
+    assert lacking == [
+        "H11Protocol(app_state=)",
+        "H11Protocol(_loop=)",
+        "H11Protocol.transport",
+        "H11Protocol.cycle",
+    ]

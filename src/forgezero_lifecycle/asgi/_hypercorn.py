@@ -22,11 +22,10 @@ returns:
   :class:`~forgezero_lifecycle.ConnectionClosedByDrainError`.
 
 HTTP/2 streams (``scope["http_version"]`` ``"2"``) share the class but not the connection, so
-they are wrapped as under any other server. What this relies on of hypercorn (tested with 0.18):
-the stream's ``state`` (``ASGIHTTPState``), ``closed``, ``response``, ``send`` (the H11Protocol's
-``stream_send``, whose own ``send`` is the asyncio ``TCPServer``'s, with its ``writer``),
-``app_put`` (the ``put`` of an ``asyncio.Queue`` the app's ``receive`` reads) and ``app_send``,
-and h11's ``their_state``. A stream without them is served by the wrapped path.
+they are wrapped as under any other server. What this relies on of hypercorn, and of asyncio (a
+queue's items, a writer's pause), is listed in :mod:`forgezero_lifecycle._internals.hypercorn`
+and :mod:`forgezero_lifecycle._internals.asyncio`. A stream without it is served by the wrapped
+path.
 """
 
 from __future__ import annotations
@@ -38,6 +37,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final, final
 
 from .._errors import ConnectionClosedByDrainError
+from .._internals import asyncio as _asyncio
+from .._internals import hypercorn as _hypercorn
+from .._internals import report
+from .._internals.hypercorn import (
+    H11_BODY_IN,
+    STREAM_ATTRIBUTES,
+    STREAM_MODULES,
+    WS_STREAM_MODULE,
+)
 from .._race import first
 from ..core.gate import DrainMoment
 from ._drain_messages import CLOSE_HEADER, LAST_CHUNK, abandoned
@@ -58,27 +66,23 @@ logger = logging.getLogger("forgezero_lifecycle.middleware")
 
 #: The HTTP versions served unwrapped (an HTTP/2 stream shares its connection with others).
 HTTP1: Final = frozenset({"1.0", "1.1"})
-_STREAM_MODULES: Final = frozenset({"hypercorn.protocol.http_stream"})
-#: The names of h11's states of the client's side once its whole request (body included) is
-#: in. Names, not h11's objects: this module is imported under every server, h11 is not.
-_BODY_IN: Final = frozenset({"DONE", "MUST_CLOSE", "CLOSED"})
 #: Per class of ``send.__self__``: whether it is a hypercorn stream this path knows, filled by
 #: :func:`learn` once per class (a middleware remembers the last class itself).
 KNOWN_STREAMS: Final[dict[type, bool]] = {}
-
-_STREAM_ATTRIBUTES: Final = ("state", "closed", "send", "app_put", "app_send", "scope")
 
 
 def learn(stream: object) -> bool:
     """Whether ``stream`` (a ``send.__self__``) is a hypercorn ``HTTPStream`` of the asyncio worker
     with all this path uses; remembered per class in KNOWN_STREAMS."""
     kind = type(stream)
+    hypercorn_stream = kind.__name__ == "HTTPStream" and kind.__module__ in STREAM_MODULES
     known = (
-        kind.__name__ == "HTTPStream"
-        and kind.__module__ in _STREAM_MODULES
-        and all(hasattr(stream, name) for name in _STREAM_ATTRIBUTES)
+        hypercorn_stream
+        and all(hasattr(stream, name) for name in STREAM_ATTRIBUTES)
         and _has_what_a_drain_uses(stream)
     )
+    if hypercorn_stream and not known:
+        report(("hypercorn", "asyncio"))
     KNOWN_STREAMS[kind] = known
     return known
 
@@ -90,11 +94,11 @@ def _has_what_a_drain_uses(stream: Any) -> bool:
     writer = getattr(server, "writer", None)
     return (
         isinstance(queue, asyncio.Queue)
-        and hasattr(queue, "_queue")
+        and not {"Queue._queue", "StreamWriter._protocol", "FlowControlMixin._paused"}
+        & set(_asyncio.missing())
         and {"REQUEST", "RESPONSE"} <= set(getattr(type(stream.state), "__members__", ()))
         and hasattr(protocol, "connection")
         and isinstance(writer, asyncio.StreamWriter)
-        and hasattr(getattr(writer, "_protocol", None), "_paused")
     )
 
 
@@ -213,7 +217,7 @@ class DrainSend:
         told = self._told = {"type": "http.disconnect"}
         stream = self._stream
         protocol = self.server_send.__self__  # type: ignore[attr-defined]
-        if protocol.connection.their_state.__name__ not in _BODY_IN:
+        if protocol.connection.their_state.__name__ not in H11_BODY_IN:
             stream.app_put = _PutThenTell(stream.app_put, told)  # its last part is yet to come
         else:
             # The body is all in, but its last part may still be on its way into the queue: a
@@ -231,7 +235,7 @@ class DrainSend:
             return False
         if self._put_later is not None and not self._put_later.done():
             return False
-        return not any(message is told for message in self._queue._queue)  # type: ignore[attr-defined]
+        return not any(message is told for message in _asyncio.queued(self._queue))
 
     def forget(self) -> None:
         """The app returned: a disconnect still waiting for room in the queue is not needed."""
@@ -242,8 +246,8 @@ class DrainSend:
         if self._cut is None:
             self._cut = asyncio.Event()
             self._cut.set()
-        paused = self._writer()._protocol._paused  # type: ignore[attr-defined]
-        if paused:  # a send is blocked by a client that does not read
+        # Writes paused: a send is blocked by a client that does not read.
+        if _asyncio.write_paused(self._writer()):
             self.abandon()
 
     def close_connection(self) -> None:
@@ -289,7 +293,7 @@ def websocket_transport(send: object) -> asyncio.Transport | None:
     server, a session over HTTP/2 (its connection is shared), or a hypercorn without these."""
     stream = getattr(send, "__self__", None)
     kind = type(stream)
-    if kind.__name__ != "WSStream" or kind.__module__ != "hypercorn.protocol.ws_stream":
+    if kind.__name__ != "WSStream" or kind.__module__ != WS_STREAM_MODULE:
         return None
     protocol = getattr(getattr(stream, "send", None), "__self__", None)
     if type(protocol).__name__ != "H11Protocol":
@@ -305,10 +309,8 @@ def websocket_transport(send: object) -> asyncio.Transport | None:
 # HTTP/2: GOAWAY, twice (RFC 9113 6.8). hypercorn says nothing to an HTTP/2 client when a drain
 # begins, and h2's own close_connection() would end the connection's state machine, so no
 # response still running could be sent: the frames are written whole on the connection's
-# writer, between h2's. What this relies on of hypercorn (tested with 0.18): the
-# ``H2Protocol`` behind an HTTP/2 stream's ``send`` (``stream.send.__self__``), with its
-# ``connection`` (h2's ``H2Connection``, for ``highest_inbound_stream_id``), ``streams``,
-# ``closed`` and ``send`` (the asyncio ``TCPServer``'s, with its ``writer``); and hyperframe.
+# writer, between h2's. What this relies on of hypercorn (the ``H2Protocol`` behind an HTTP/2
+# stream's ``send``, and hyperframe) is listed in forgezero_lifecycle/_internals/hypercorn.py.
 
 #: Per class of an HTTP/2 stream's ``send.__self__``: whether its protocol can be told GOAWAY.
 KNOWN_H2: Final[dict[type, bool]] = {}
@@ -327,7 +329,7 @@ def h2_connection(send: object) -> Any | None:
 
 def _learn_h2(stream: object) -> bool:
     kind = type(stream)
-    if kind.__name__ != "HTTPStream" or kind.__module__ not in _STREAM_MODULES:
+    if kind.__name__ != "HTTPStream" or kind.__module__ not in STREAM_MODULES:
         return False
     protocol = getattr(getattr(stream, "send", None), "__self__", None)
     server = getattr(getattr(protocol, "send", None), "__self__", None)
@@ -349,18 +351,9 @@ def _learn_h2(stream: object) -> bool:
         logger.warning(
             "drain.h2_goaway_unsupported hypercorn=%s: HTTP/2 clients are not sent GOAWAY by a "
             "drain; they learn of it from its 503s",
-            _hypercorn_version(),
+            _hypercorn.version(),
         )
     return known
-
-
-def _hypercorn_version() -> str:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("hypercorn")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def h2_idle(protocol: Any) -> bool:

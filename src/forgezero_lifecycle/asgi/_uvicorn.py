@@ -22,11 +22,11 @@ before the drain begins is acted on before it can run again:
   raises :class:`~forgezero_lifecycle.ConnectionClosedByDrainError`; the connection is aborted once
   the app returns.
 
-What this relies on of uvicorn (tested with 0.54 and both HTTP implementations): the cycle's
-``keep_alive``, ``default_headers``, ``response_started``, ``response_complete``,
-``disconnected``, ``more_body``, ``message_event``, ``flow`` and ``transport``, and that
-``receive()`` calls ``flow.resume_reading()`` before it waits. Any other server's requests are
-wrapped instead (:class:`~forgezero_lifecycle.asgi.middleware.InFlightMiddleware`).
+What this relies on of uvicorn (the cycle's attributes, and that ``receive()`` calls
+``flow.resume_reading()`` before it waits) and of asyncio (an event's waiters) is listed in
+:mod:`forgezero_lifecycle._internals.uvicorn` and :mod:`forgezero_lifecycle._internals.asyncio`.
+Any other server's requests, and those of a uvicorn without it, are wrapped instead
+(:class:`~forgezero_lifecycle.asgi.middleware.InFlightMiddleware`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ import logging
 from typing import Any, Final, final
 
 from .._errors import ConnectionClosedByDrainError
+from .._internals import asyncio as _asyncio
+from .._internals import report
+from .._internals.uvicorn import CYCLE_ATTRIBUTES, CYCLE_MODULES, WEBSOCKET_MODULES
 from ..core.gate import DrainMoment
 from ._drain_messages import CLOSE_HEADER, LAST_CHUNK, abandoned
 
@@ -52,40 +55,25 @@ __all__ = [
 
 logger = logging.getLogger("forgezero_lifecycle.middleware")
 
-_CYCLE_MODULES: Final = frozenset(
-    {"uvicorn.protocols.http.h11_impl", "uvicorn.protocols.http.httptools_impl"}
-)
 #: Per class of ``send.__self__``: whether it is a uvicorn cycle this path knows, filled by
 #: :func:`learn` once per class (a middleware remembers the last class itself).
 KNOWN_CYCLES: Final[dict[type, bool]] = {}
 
 
-#: What the drain moments read and set on a cycle (instance attributes, so looked for on the
-#: first cycle of a class): a uvicorn without one of them is served by the wrapped path.
-_CYCLE_ATTRIBUTES: Final = (
-    "keep_alive",
-    "default_headers",
-    "response_started",
-    "response_complete",
-    "disconnected",
-    "more_body",
-    "message_event",
-    "flow",
-    "transport",
-)
-
-
 def learn(cycle: object) -> bool:
     """Whether ``cycle`` (a ``send.__self__``) is a uvicorn ``RequestResponseCycle`` with all
-    this path uses; remembered per class in KNOWN_CYCLES."""
+    this path uses (:data:`~forgezero_lifecycle._internals.uvicorn.CYCLE_ATTRIBUTES`);
+    remembered per class in KNOWN_CYCLES. A uvicorn cycle without them is reported once."""
     kind = type(cycle)
+    uvicorn_cycle = kind.__name__ == "RequestResponseCycle" and kind.__module__ in CYCLE_MODULES
     known = (
-        kind.__name__ == "RequestResponseCycle"
-        and kind.__module__ in _CYCLE_MODULES
-        and all(hasattr(cycle, name) for name in _CYCLE_ATTRIBUTES)
+        uvicorn_cycle
+        and all(hasattr(cycle, name) for name in CYCLE_ATTRIBUTES)
         # Telling whether the app waits in receive() reads the event's waiters (CPython's).
-        and hasattr(asyncio.Event(), "_waiters")
+        and "Event._waiters" not in _asyncio.missing()
     )
+    if uvicorn_cycle and not known:
+        report(("uvicorn", "asyncio"))
     KNOWN_CYCLES[kind] = known
     return known
 
@@ -103,7 +91,7 @@ def act(moment: DrainMoment, cycle: Any) -> None:
     if type(flow) is not DrainFlow:
         flow = cycle.flow = DrainFlow(cycle, flow)
         event = cycle.message_event
-        if not cycle.more_body and not event.is_set() and event._waiters:
+        if not cycle.more_body and not event.is_set() and _asyncio.has_waiters(event):
             flow.tell_disconnect()  # the app waits in receive() after its body: wake it now
     if moment == "cutoff":
         flow.cut = True
@@ -220,22 +208,11 @@ class DrainFlow:
         self.server_flow.resume_writing()  # a send blocked now returns; the next one raises
 
 
-#: uvicorn's WebSocket protocols (``--ws websockets-sansio``, ``websockets``, ``wsproto``): the
-#: ``send`` of a session is bound to one, which holds the connection's ``transport``.
-_WEBSOCKET_MODULES: Final = frozenset(
-    {
-        "uvicorn.protocols.websockets.websockets_sansio_impl",
-        "uvicorn.protocols.websockets.websockets_impl",
-        "uvicorn.protocols.websockets.wsproto_impl",
-    }
-)
-
-
 def websocket_transport(send: object) -> asyncio.Transport | None:
     """The connection of a uvicorn WebSocket session whose ``send`` this is, or None when it
     is not one (or a uvicorn without the protocol's ``transport``)."""
     protocol = getattr(send, "__self__", None)
-    if type(protocol).__module__ not in _WEBSOCKET_MODULES:
+    if type(protocol).__module__ not in WEBSOCKET_MODULES:
         return None
     transport = getattr(protocol, "transport", None)
     # uvloop's transports are no asyncio.BaseTransport: what is used of them is asked for.

@@ -35,6 +35,7 @@ from .._errors import (
 )
 from .._events import emit, nonce_prefix
 from .._race import first
+from ..wire._protocol import deadline_problem
 from ..wire._types import is_nonce, is_revision, safe_int
 from ..wire.handoff import (
     SOURCE_SLACK_BYTES,
@@ -249,7 +250,7 @@ class StateHandoffController(Generic[T]):
         if (
             parsed.protocol != self._codec.protocol
             or parsed.schema_version != self._codec.schema_version
-            or not 100 <= timeout <= 600_000
+            or deadline_problem(timeout) is not None
         ):
             raise StateInputInvalidError("RUNTIME_STATE_REQUEST_INVALID")
         url = loopback_source(parsed.source.url)

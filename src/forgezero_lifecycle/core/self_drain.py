@@ -17,7 +17,7 @@ import secrets
 from typing import Final
 
 from .._errors import LifecycleError
-from ..wire._protocol import DRAIN_PROTOCOL, MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainState
+from ..wire._protocol import DRAIN_PROTOCOL, DrainState, deadline_ms
 from .drain import DrainController
 
 __all__ = ["UNKNOWN_REVISION", "self_drain", "self_drain_request"]
@@ -28,7 +28,7 @@ UNKNOWN_REVISION: Final = "0" * 40
 
 def self_drain_request(revision: str | None, timeout: float) -> dict[str, object]:
     """The wire request of a self-drain with a deadline of ``timeout`` seconds (clamped)."""
-    timeout_ms = min(MAX_DRAIN_TIMEOUT_MS, max(MIN_DRAIN_TIMEOUT_MS, round(timeout * 1000)))
+    timeout_ms = deadline_ms(timeout)
     return {
         "protocol": DRAIN_PROTOCOL,
         "nonce": secrets.token_urlsafe(32),

@@ -19,7 +19,8 @@ Two kinds of server handler are wrapped, as found at install time (in the main t
   any two bytecodes, so nothing else happens in the handler);
 * a handler the event loop registered with ``loop.add_signal_handler`` (hypercorn's single-process
   worker, ``--workers 0``). Python's handler is then asyncio's no-op and the callback sits in the
-  loop's private ``_signal_handlers`` table; ours replaces it through ``add_signal_handler``. The
+  loop's private table (read by :mod:`forgezero_lifecycle._internals.asyncio`); ours replaces it
+  through ``add_signal_handler``. The
   loop dispatches such a handler itself, whatever Python's table holds, so a loop whose table
   cannot be read (uvloop: ``hypercorn -k uvloop``) is left alone and reported unhookable.
 
@@ -65,6 +66,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Final, Literal, final
 
+from .._internals import asyncio as _asyncio
+from .._internals import report
 from .drain import DrainController
 from .self_drain import self_drain
 from .siblings import shares_listener
@@ -164,6 +167,9 @@ class SignalDrain:
         if self._state not in ("idle", "done"):
             return
         self.pending = False
+        # What is relied on of the server running this process, and of asyncio: logged once
+        # where it lacks (the path that needs it falls back).
+        report(("asyncio", "uvicorn", "hypercorn"))
         loop = asyncio.get_running_loop()
         if threading.current_thread() is not threading.main_thread():
             self._state = "unhookable"
@@ -396,7 +402,7 @@ class _LoopHook(_Hook):
     def restore(self) -> None:
         if self._loop.is_closed():
             return
-        current = _loop_handler(self._loop, self._signum)
+        current = _asyncio.loop_signal_handler(self._loop, self._signum)
         if current is not None and current[0] == self._ours:
             self._loop.add_signal_handler(self._signum, self._callback, *self._args)
 
@@ -424,7 +430,7 @@ def _find_server_handler(
     if _belongs_to_a_loop(current):
         # The loop registered the real handler and dispatches it itself (asyncio and uvloop
         # both read the signal off their wakeup fd): only the loop's own table can replace it.
-        registered = _loop_handler(loop, signum)
+        registered = _asyncio.loop_signal_handler(loop, signum)
         if registered is None:
             return None, "the event loop's signal handler cannot be read"
         callback, args = registered
@@ -435,7 +441,7 @@ def _find_server_handler(
 def _belongs_to_a_loop(handler: object) -> bool:
     """True for what ``loop.add_signal_handler`` leaves in Python's signal table: asyncio's
     module-level no-op, or a method of the loop itself (uvloop's)."""
-    if getattr(handler, "__name__", "") == "_sighandler_noop":
+    if _asyncio.is_signal_noop(handler):
         return True
     return isinstance(_owner(handler), asyncio.AbstractEventLoop)
 
@@ -445,19 +451,3 @@ def _owner(handler: object) -> object:
     if isinstance(handler, functools.partial):
         handler = handler.func
     return getattr(handler, "__self__", None)
-
-
-def _loop_handler(
-    loop: asyncio.AbstractEventLoop, signum: int
-) -> tuple[Callable[..., object], tuple[object, ...]] | None:
-    """The callback ``loop.add_signal_handler`` registered for ``signum``, read from asyncio's
-    private ``_signal_handlers`` table (guarded: None when the loop has no such table)."""
-    table = getattr(loop, "_signal_handlers", None)
-    if not isinstance(table, dict):
-        return None
-    handle = table.get(signum)
-    callback = getattr(handle, "_callback", None)
-    args = getattr(handle, "_args", None)
-    if not callable(callback) or not isinstance(args, tuple):
-        return None
-    return callback, args

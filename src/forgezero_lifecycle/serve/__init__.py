@@ -36,24 +36,21 @@ transfer, worker by worker, to the next generation), ``forwarding`` (the generat
 control paths, forwarded by a worker and answered by the supervisor).
 """
 
-from .command import run as run
-from .options import ServeOptions as ServeOptions
-from .options import add_arguments as add_arguments
-from .options import options_from_args as options_from_args
-from .options import parse_deadline as parse_deadline
-from .options import parse_duration as parse_duration
-from .options import parse_revision as parse_revision
-from .server import find_runtime as find_runtime
-from .server import serve_app as serve_app
+from __future__ import annotations
 
-__all__ = [
-    "ServeOptions",
-    "add_arguments",
-    "find_runtime",
-    "options_from_args",
-    "parse_deadline",
-    "parse_duration",
-    "parse_revision",
-    "run",
-    "serve_app",
-]
+from typing import TYPE_CHECKING
+
+from .._lazy import attach
+
+# Each name is imported on first use (forgezero_lifecycle._lazy): ``serve.machine`` and
+# ``serve.table`` import neither uvicorn nor Starlette (tests/serve/test_machine_alone.py).
+if TYPE_CHECKING or not attach(__name__):
+    from .command import run as run
+    from .options import ServeOptions as ServeOptions
+    from .options import add_arguments as add_arguments
+    from .options import options_from_args as options_from_args
+    from .options import parse_deadline as parse_deadline
+    from .options import parse_duration as parse_duration
+    from .options import parse_revision as parse_revision
+    from .server import find_runtime as find_runtime
+    from .server import serve_app as serve_app

@@ -13,9 +13,8 @@ import sys
 import traceback
 from typing import Final, Literal
 
-from uvicorn.importer import ImportFromStringError, import_from_string
-
 from .._errors import ConfigurationError
+from .._internals import uvicorn as _uvicorn
 from ..asgi._types import ASGIApp
 from ..runtime import Runtime
 from .listeners import systemd_listeners
@@ -86,8 +85,8 @@ def _export(options: ServeOptions) -> None:
 def _import(target: str, app_dir: str) -> ASGIApp:
     sys.path.insert(0, os.path.abspath(app_dir))
     try:
-        app: ASGIApp = import_from_string(target)
-    except ImportFromStringError as error:  # no such module or attribute: uvicorn says which
+        app: ASGIApp = _uvicorn.import_from_string(target)
+    except _uvicorn.import_error() as error:  # no such module or attribute: uvicorn says which
         raise ConfigurationError(detail=f"cannot import the app {target!r}: {error}") from None
     except Exception as error:
         traceback.print_exc()  # the app's own code failed: its traceback says where

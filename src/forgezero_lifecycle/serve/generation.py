@@ -29,10 +29,9 @@ from .._errors import DrainFailedError
 from ..core.drain import DrainController
 from ..core.self_drain import UNKNOWN_REVISION
 from ..stop.accepting import Tally
+from ..wire._protocol import deadline_ms
 from ..wire.drain import (
     DRAIN_PROTOCOL,
-    MAX_DRAIN_TIMEOUT_MS,
-    MIN_DRAIN_TIMEOUT_MS,
     DrainRequest,
     WorkCounters,
 )
@@ -161,7 +160,7 @@ class Generation:
         if self.controller.active:
             logger.info("supervisor.following_drain generation=%d", self.number)
             return False
-        timeout_ms = min(MAX_DRAIN_TIMEOUT_MS, max(MIN_DRAIN_TIMEOUT_MS, round(timeout * 1000)))
+        timeout_ms = deadline_ms(timeout)
         self.controller.begin(
             {
                 "protocol": DRAIN_PROTOCOL,

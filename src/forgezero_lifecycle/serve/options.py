@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, final
+from typing import Any, Final, final
 
 from .._errors import ConfigurationError
 from .._tokens import read_token
-from ..wire._protocol import MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS
+from ..wire import _protocol
 from ..wire._types import is_revision
 
 __all__ = [
@@ -94,12 +95,7 @@ def parse_deadline(text: str) -> float:
 
 def deadline_problem(seconds: float) -> str | None:
     """Why ``seconds`` cannot be a deadline (too short, too long), or None."""
-    milliseconds = round(seconds * 1000)
-    if milliseconds < MIN_DRAIN_TIMEOUT_MS:
-        return f"too short: a deadline is at least {MIN_DRAIN_TIMEOUT_MS}ms"
-    if milliseconds > MAX_DRAIN_TIMEOUT_MS:
-        return f"too long: a deadline is at most {MAX_DRAIN_TIMEOUT_MS // 60_000}m"
-    return None
+    return _protocol.deadline_problem(round(seconds * 1000))
 
 
 def parse_revision(text: str) -> str:
@@ -128,13 +124,28 @@ signals (with --workers; FORGEZERO_REVISION and the graces are then set per gene
 """
 
 
+#: Every flag's default is the :class:`ServeOptions` field's (written there only).
+_DEFAULTS: Final[dict[str, Any]] = {
+    field.name: field.default for field in dataclasses.fields(ServeOptions)
+}
+
+
+def _seconds(seconds: float) -> str:
+    """``30s``, ``500ms``, ``1.5s``: a duration as the flags write it."""
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    return f"{seconds:g}s"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``serve`` command's flags (tokens come from the environment or files)."""
+    """The ``serve`` command's flags (tokens come from the environment or files); each default
+    is the one of :class:`ServeOptions`."""
     parser.epilog = EXIT_CODES_HELP
     add = parser.add_argument
+    default = _DEFAULTS
     add("app", metavar="APP", help="module:attribute of the ASGI app")
-    add("--host", default="127.0.0.1", help="default: 127.0.0.1")
-    add("--port", type=int, default=8000, help="default: 8000")
+    add("--host", default=default["host"], help=f"default: {default['host']}")
+    add("--port", type=int, default=default["port"], help=f"default: {default['port']}")
     add(
         "--revision",
         type=parse_revision,
@@ -145,10 +156,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--drain-timeout",
         type=parse_deadline,
-        default=30.0,
+        default=default["drain_timeout"],
         metavar="DURATION",
-        help="the self-drain's deadline, 100ms to 10m (default 30s); uvicorn's graceful "
-        "timeout is above it",
+        help=f"the self-drain's deadline, 100ms to 10m (default "
+        f"{_seconds(default['drain_timeout'])}); uvicorn's graceful timeout is above it",
     )
     add(
         "--not-ready-grace",
@@ -167,9 +178,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--first-byte-grace",
         type=parse_duration,
-        default=1.0,
+        default=default["first_byte_grace"],
         metavar="DURATION",
-        help="at the stop, connections with no request yet wait this long for one (default 1s)",
+        help="at the stop, connections with no request yet wait this long for one (default "
+        f"{_seconds(default['first_byte_grace'])})",
     )
     add("--handoff-token-file", type=Path, metavar="PATH")
     add(
@@ -177,12 +189,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no control token: admit loopback control clients only (development)",
     )
-    add("--http", default="auto", choices=("auto", "h11", "httptools"))
-    add("--ws", default="auto")
-    add("--root-path", default="")
-    add("--log-level", default="info")
+    add("--http", default=default["http"], choices=("auto", "h11", "httptools"))
+    add("--ws", default=default["ws"])
+    add("--root-path", default=default["root_path"])
+    add("--log-level", default=default["log_level"])
     add("--no-access-log", action="store_true")
-    add("--app-dir", default=".", help="added to sys.path (default: .)")
+    add(
+        "--app-dir",
+        default=default["app_dir"],
+        help=f"added to sys.path (default: {default['app_dir']})",
+    )
     add(
         "--workers",
         type=_workers,
@@ -205,17 +221,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--start-timeout",
         type=parse_duration,
-        default=30.0,
+        default=default["start_timeout"],
         metavar="DURATION",
-        help="with --workers: a worker not ready within this fails its generation (default 30s)",
+        help="with --workers: a worker not ready within this fails its generation (default "
+        f"{_seconds(default['start_timeout'])})",
     )
     add(
         "--handover-grace",
         type=parse_duration,
-        default=1.0,
+        default=default["handover_grace"],
         metavar="DURATION",
         help="with --workers: on a handover the old workers stop accepting and close idle "
-        "keep-alive connections this long before their intake closes (default 1s)",
+        "keep-alive connections this long before their intake closes (default "
+        f"{_seconds(default['handover_grace'])})",
     )
 
 

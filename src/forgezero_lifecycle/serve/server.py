@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 import math
 import signal
@@ -13,15 +12,13 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, Literal, final
 
 import uvicorn
-from uvicorn.config import HTTP_PROTOCOLS, LOGGING_CONFIG
-from uvicorn.importer import import_from_string
-from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from .._internals import report
+from .._internals import uvicorn as _uvicorn
 from ..asgi._types import ASGIApp
 from ..core.gate import DrainMoment
 from ..core.self_drain import self_drain
 from ..runtime import Runtime
-from ..stop import _uvicorn
 from ..stop.connections import ConnectionStop, zero_loss_protocol
 from ..stop.server import ZeroLossServer, cut_connections
 from ..wire.drain import DrainState
@@ -70,7 +67,7 @@ async def serve_app(
         app,
         host=options.host,
         port=options.port,
-        http=zero_loss_protocol(_http_protocol(options.http), stop),
+        http=options.http,
         ws=options.ws,
         root_path=options.root_path,
         log_level=options.log_level,
@@ -81,6 +78,9 @@ async def serve_app(
     )
     server = _Server(config, stop, shared_listener=shared_listener)  # logging is set up now
     _uvicorn.check(server)  # what the stop relies on of uvicorn, before anything starts
+    report(("asyncio",))  # what a drain reads of asyncio: logged where it falls back
+    config.load()  # the protocol class for --http (auto: httptools when installed), wrapped
+    config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
     runtime.signal_drain.disable()  # the handlers below turn signals into the drain instead
     if on_server is not None:
         on_server(server)
@@ -202,21 +202,13 @@ class _Server(ZeroLossServer):
         cut_connections(self)
 
 
-def _http_protocol(http: str) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol class for ``--http`` (``auto``: httptools when installed)."""
-    if http == "auto":
-        return AutoHTTPProtocol
-    cls: type[asyncio.Protocol] = import_from_string(HTTP_PROTOCOLS[http])
-    return cls
-
-
 def log_config(level: str, label: str = "") -> dict[str, Any]:
     """uvicorn's logging config plus the library's loggers on uvicorn's default handler.
 
     ``label`` ends every line (``worker=0 generation=1`` in a worker of ``serve --workers``):
     each worker and the supervisor log the same events, and a reader must tell them apart.
     """
-    config = copy.deepcopy(LOGGING_CONFIG)
+    config = _uvicorn.logging_config()
     if label:
         for formatter in config["formatters"].values():
             formatter["fmt"] += f" {label}"

@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 
 from ..core.self_drain import UNKNOWN_REVISION
 from ..wire import paths
-from ..wire.drain import MAX_DRAIN_TIMEOUT_MS
+from ..wire._protocol import deadline_ms
 from .generation import Generation
 from .options import ServeOptions
 from .worker_handle import WorkerHandle
@@ -33,7 +33,7 @@ async def hand_state_over(old: Generation, new: Generation, options: ServeOption
     """Worker k of ``old`` hands its state to worker k of ``new`` (the state export)."""
     source = old.revision or UNKNOWN_REVISION
     target = new.revision or UNKNOWN_REVISION
-    timeout_ms = min(MAX_DRAIN_TIMEOUT_MS, max(1000, round(options.drain_timeout * 1000)))
+    timeout_ms = deadline_ms(options.drain_timeout)
 
     async def one(before: WorkerHandle, after: WorkerHandle) -> None:
         assert before.state_kind is not None

@@ -60,6 +60,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, Final, Literal, final
 
 from .._errors import ConfigurationError
+from ..stop.sockets import accept_queue_length, refuse_new_connections
 from . import machine as m
 from .forwarding import ForwardedControl
 from .generation import Generation
@@ -67,7 +68,6 @@ from .handovers import Handover, HandoverLog
 from .listeners import Listener, held_listeners
 from .options import ServeOptions, read_revision
 from .server import SHUTDOWN_MARGIN, log_config
-from .sockets import accept_queue_length, refuse_new_connections
 from .state_transfer import hand_state_over
 from .worker_handle import WorkerHandle
 

@@ -45,6 +45,7 @@ from typing import IO, Final, final
 
 import uvicorn
 
+from .._internals import uvicorn as _uvicorn
 from .sockets import accept_queue_length
 
 __all__ = [
@@ -260,15 +261,8 @@ def accept_one_at_a_time(
     """Serve a started uvicorn ``server`` on shared ``sockets`` with :class:`SharedListener`
     (added to ``server.servers``, where its stop finds them), balanced over ``tally``."""
     config = server.config
-    state, app_state = server.server_state, server.lifespan.state
-
-    def protocol() -> asyncio.Protocol:
-        # What uvicorn's Server.startup builds for each connection (stop._uvicorn lists it).
-        made: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
-            config=config, server_state=state, app_state=app_state, _loop=None
-        )
-        return made
-
+    state = server.server_state
+    protocol = _uvicorn.protocol_factory(server)
     for sock in sockets:
         listener = SharedListener(
             sock,

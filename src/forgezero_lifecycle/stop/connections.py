@@ -30,7 +30,7 @@ server has stopped accepting while sibling processes still accept on the same li
 HTTP connection moves over to them this way; WebSocket sessions are left to the drain's notice.
 
 The protocol classes are uvicorn's own (``H11Protocol``, ``HttpToolsProtocol``) with three methods
-extended; what they rely on of uvicorn is listed in :mod:`forgezero_lifecycle.stop._uvicorn`.
+extended; what they rely on of uvicorn is listed in :mod:`forgezero_lifecycle._internals.uvicorn`.
 """
 
 from __future__ import annotations

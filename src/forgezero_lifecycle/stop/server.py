@@ -46,7 +46,7 @@ from typing import Any, Final, final
 
 import uvicorn
 
-from . import _uvicorn
+from .._internals import uvicorn as _uvicorn
 from ._proc import accepting_elsewhere, parent_holds
 from .connections import ConnectionStop, zero_loss_protocol
 from .sockets import ListeningSocket, accept_queue_length, refuse_new_connections
@@ -107,7 +107,8 @@ async def zero_loss_shutdown(
     overdue = asyncio.get_running_loop().call_later(stop.bound, _abort_overdue, stop, connections)
     try:
         await asyncio.wait_for(
-            server._wait_tasks_to_complete(), timeout=server.config.timeout_graceful_shutdown
+            _uvicorn.wait_tasks_to_complete(server),
+            timeout=server.config.timeout_graceful_shutdown,
         )
     except TimeoutError:
         logger.error("stop.cancelled tasks=%d", len(server.server_state.tasks))
@@ -208,7 +209,7 @@ class ServerStop:
     @classmethod
     def attach(cls, server: object) -> ServerStop | None:
         """The stop of ``server`` (a running ``uvicorn.Server``), or None, logged, where this
-        uvicorn lacks what it relies on (:mod:`._uvicorn`)."""
+        uvicorn lacks what it relies on (:mod:`forgezero_lifecycle._internals.uvicorn`)."""
         if not isinstance(server, uvicorn.Server):
             return None
         if isinstance(server, ZeroLossServer):
@@ -325,23 +326,11 @@ class ServerStop:
         return self._server.config.workers > 1 or not parent_holds(inodes)
 
     async def _resume(self) -> None:
-        """Accept on the kept listener again, the way ``Server.startup`` does (:mod:`._uvicorn`);
+        """Accept on the kept listener again, the way ``Server.startup`` does
+        (:mod:`forgezero_lifecycle._internals.uvicorn`);
         every connection made from now on is armed, since the stop has begun."""
-        server, config = self._server, self._server.config
-        state, app_state = server.server_state, server.lifespan.state
-
-        def protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
-            made: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
-                config=config, server_state=state, app_state=app_state, _loop=_loop
-            )
-            return made
-
-        loop = asyncio.get_running_loop()
-        for sock in self._held:
-            listening = await loop.create_server(
-                protocol, sock=sock, ssl=config.ssl, backlog=config.backlog
-            )
-            server.servers.append(listening)
+        server = self._server
+        await _uvicorn.accept_on(server, self._held)
         self._held = []
         self._final = True
         self.shared_listener = False

@@ -24,6 +24,8 @@ __all__ = [
     "NONCE_PATTERN",
     "REVISION_PATTERN",
     "DrainState",
+    "deadline_ms",
+    "deadline_problem",
     "is_nonce",
     "is_revision",
     "safe_int",
@@ -38,6 +40,26 @@ NONCE_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{43}")
 REVISION_PATTERN: Final = re.compile(r"[a-f0-9]{40}")
 
 DrainState = Literal["draining", "drained", "failed", "rolled-back"]
+
+
+def deadline_problem(milliseconds: int) -> str | None:
+    """Why ``milliseconds`` cannot be a drain's (or a state handoff's) deadline, or None: the
+    wire's ``timeoutMs`` bound, 100 ms to 10 min. Every check of a deadline calls this."""
+    if milliseconds < MIN_DRAIN_TIMEOUT_MS:
+        return f"too short: a deadline is at least {MIN_DRAIN_TIMEOUT_MS}ms"
+    if milliseconds > MAX_DRAIN_TIMEOUT_MS:
+        return f"too long: a deadline is at most {MAX_DRAIN_TIMEOUT_MS // 60_000}m"
+    return None
+
+
+def deadline_ms(seconds: float) -> int:
+    """``seconds`` as a ``timeoutMs`` within the bound of :func:`deadline_problem` (a deadline
+    the library computes itself is brought into it rather than refused)."""
+    milliseconds = round(seconds * 1000)
+    problem = deadline_problem(milliseconds)
+    if problem is None:
+        return milliseconds
+    return MIN_DRAIN_TIMEOUT_MS if milliseconds < MIN_DRAIN_TIMEOUT_MS else MAX_DRAIN_TIMEOUT_MS
 
 
 def safe_int(value: Any) -> int:
