@@ -201,3 +201,52 @@ async def test_stop_aborts_a_connection_it_cannot_close(caplog: pytest.LogCaptur
         listener.close()
     assert stopped_after < stop.bound + 5, stopped_after  # 5 s of slack for a loaded machine
     assert "stop.overdue_connections aborted=1 kinds=_CloseNeverCompletes:1" in caplog.text
+
+
+async def _hello(scope: Scope, receive: Receive, send: Send) -> None:
+    assert scope["type"] == "http"
+    headers = [(b"content-length", b"5")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"hello"})
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+async def test_idle_close_spares_a_request_not_read_yet(http: str) -> None:
+    """The first-byte grace ends on a connection whose request is in the kernel's buffer but
+    not read yet (the event loop lags, as on a loaded machine): the request is answered, and the
+    connection closes after it, instead of being closed under the client (lost)."""
+    config = uvicorn.Config(_hello, http=http, lifespan="off", log_level="warning")
+    config.load()
+    stop = ConnectionStop(first_byte_grace=30.0)  # the grace's end is called below
+    config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
+    server = uvicorn.Server(config)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    try:
+        await _until(lambda: server.started)
+        client = socket.create_connection(("127.0.0.1", port))
+        connections = server.server_state.connections
+        await _until(lambda: bool(connections))
+        (protocol,) = connections
+        stop.begin(connections)
+        # On loopback the bytes are in the server's receive buffer once sendall returns; no
+        # await follows, so the loop has not read them when the grace's end comes.
+        client.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        stop.close_if_idle(protocol)
+        client.settimeout(10)
+        answer = await asyncio.to_thread(_read_to_eof, client)
+        client.close()
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 15)
+        listener.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert answer.endswith(b"\r\n\r\nhello"), answer  # whole, then closed: read to EOF
+
+
+def _read_to_eof(client: socket.socket) -> bytes:
+    received = b""
+    while chunk := client.recv(65536):
+        received += chunk
+    return received

@@ -10,7 +10,8 @@ destroy a response already written. :class:`ConnectionStop` replaces that with:
   for ``first_byte_grace`` seconds (counted from the stop, or from its accept if later); a request
   that arrives in it is parsed and answered (a draining runtime refuses it with 503 and
   ``Connection: close``), then the connection is closed; one that stays silent is closed at the
-  end of the grace;
+  end of the grace, unless bytes wait unread in its receive buffer then (a request the loop has
+  not read yet: it is answered first);
 * a lingering close for every connection the server closes, stop or not: the transport sends
   its FIN after flushing what was written (``shutdown(SHUT_WR)``), then reads and discards until
   the client's FIN or ``LINGER_TIMEOUT``, and only then closes, so the client reads the whole
@@ -35,8 +36,12 @@ extended; what they rely on of uvicorn is listed in :mod:`forgezero_lifecycle._i
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import logging
+import sys
+import termios
 from collections.abc import Iterable
 from typing import Any, Final, final
 
@@ -112,6 +117,15 @@ class ConnectionStop:
             return
         cycle = protocol.cycle
         if cycle is None or cycle.response_complete:
+            if _bytes_waiting(transport):
+                # A request arrived that the loop has not read yet (it lags behind, as on a
+                # loaded machine): it is answered, with Connection: close, and the connection
+                # closes after that answer; looked at again after the grace in case it was
+                # only part of a request.
+                asyncio.get_running_loop().call_later(
+                    self.first_byte_grace, self.close_if_idle, protocol
+                )
+                return
             transport.close()
 
     def linger(self, transport: asyncio.Transport, owner: asyncio.BaseProtocol) -> None:
@@ -131,6 +145,20 @@ class ConnectionStop:
         """Wait until every lingering close has finished (each is bounded by its timeout)."""
         if self._lingering:
             await asyncio.wait(set(self._lingering))
+
+
+def _bytes_waiting(transport: asyncio.BaseTransport) -> bool:
+    """Whether bytes wait unread in the kernel's receive buffer of ``transport``'s socket
+    (``FIONREAD``); False where that cannot be read."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or sys.platform == "win32":
+        return False
+    waiting = array.array("i", [0])
+    try:
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, waiting)
+    except (OSError, ValueError):
+        return False
+    return waiting[0] > 0
 
 
 @final
