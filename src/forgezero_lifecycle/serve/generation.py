@@ -11,7 +11,8 @@ over the workers, ``drained`` only once every worker drained, ``failed`` as soon
 died (``detail.workers`` says which), and rollback rolls back every worker.
 
 What the generation's workers and drain do is reported to the supervisor through callbacks
-(``on_ready``, ``on_exit``, ``on_drain``); what to do about it is decided by
+(``on_ready``, ``on_exit``, ``on_drain``, and ``on_failure`` when its answer to a worker's
+message raised); what to do about it is decided by
 :class:`~forgezero_lifecycle.serve.machine.SupervisorMachine`, never here.
 """
 
@@ -37,7 +38,7 @@ from ..wire.drain import (
 )
 from .messages import COUNTER_KINDS
 from .options import ServeOptions
-from .worker_handle import Answer, WorkerHandle
+from .worker_handle import Answer, HandlerFailed, WorkerHandle
 
 __all__ = ["DrainHook", "Generation"]
 
@@ -61,6 +62,7 @@ class Generation:
         on_ready: Callable[[WorkerHandle], None],
         on_exit: Callable[[WorkerHandle], None],
         on_drain: DrainHook,
+        on_failure: HandlerFailed,
     ) -> None:
         assert options.workers is not None
         self.number = number
@@ -71,6 +73,7 @@ class Generation:
         self._on_ready = on_ready
         self._on_exit = on_exit
         self._on_drain = on_drain
+        self._on_failure = on_failure
         self._answer: Answer | None = None
         self.workers: list[WorkerHandle] = []
         self._changed = asyncio.Event()
@@ -104,6 +107,7 @@ class Generation:
             on_ready=self._on_ready,
             on_report=self.changed,
             on_exit=self._exited,
+            on_failure=self._on_failure,
         )
 
     def _exited(self, worker: WorkerHandle) -> None:
