@@ -36,9 +36,12 @@ believing the failed step was done).
   (each after its response in flight), and after ``--handover-grace`` g is drained (its jobs
   released under their fences) and stopped. One handover at a time: a SIGHUP during one is
   refused and logged.
-* **Workers that die** while their generation accepts are replaced (logged with the exit
-  reason); never into a generation that stopped accepting. A worker dying during a drain fails
-  that drain; a worker not ready when the drain began is not part of it (it admitted nothing).
+* **Workers that die** while their generation serves are replaced (logged with the exit
+  reason); never into a generation that stopped accepting, nor during the stop. A worker dying
+  during a drain fails that drain; a worker not ready when the drain began is not part of it
+  (it admitted nothing). One lost while an orchestrator's drain holds the generation is
+  replaced too, and the replacement joins that drain before it accepts (intake refused, the
+  nonce answered, the rollback reaches it), so a rollback finds every worker again.
 
 Every task the supervisor starts (timers, the watch on each worker process, the state transfer)
 belongs to the task group :meth:`Supervisor.run` opens: one that fails ends the supervisor with
@@ -464,6 +467,8 @@ class Supervisor:
         self, generation: Generation, indexes: tuple[int, ...], *, whole: bool
     ) -> None:
         workers = [generation.workers[index] for index in indexes]
+        if not whole:  # a replacement: into the generation's drain first, if one holds it
+            await asyncio.gather(*(generation.join_drain(worker) for worker in workers))
         await asyncio.gather(*(worker.command("accept") for worker in workers))
         if not whole:
             for worker in workers:
