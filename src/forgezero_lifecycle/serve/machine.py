@@ -34,7 +34,8 @@ Every (phase, event) pair (rendered from :data:`.table.TABLE`)::
 
     Reload (reload (SIGHUP or request)):
       starting: refused: the first generation is still starting
-      serving: start generation n; the handover's step is starting
+      serving: refused while an orchestrator's drain holds g (until its rollback); else start
+          generation n, the handover's step is starting
       handing-over: refused: one handover at a time
       stopping: refused: the supervisor is stopping
       stopped: *stale*: the supervisor has exited: a late report of one of its tasks
@@ -695,6 +696,9 @@ class SupervisorMachine:
         if self.phase is Phase.HANDING_OVER:
             return [Refused("a handover is running")]
         assert self.current is not None
+        if self._generations[self.current].state is not GenerationState.SERVING:
+            # An orchestrator's drain holds it: a new generation would lose that drain.
+            return [Refused(f"a drain holds generation {self.current}: roll it back first")]
         self.old, self.new = self.current, self._new_generation()
         self._handovers += 1
         self._handover = self._handovers

@@ -301,13 +301,16 @@ class Supervisor:
     def _on_reload_signal(self) -> None:
         self.reload()
 
-    def reload(self) -> int | None:
+    def reload(self) -> int | str:
         """Begin a handover to a new generation and return its number (for
-        ``supervisor/v1/handover``); None when one (or the stop) is running."""
+        ``supervisor/v1/handover``), or why it is refused (a handover, a drain or the stop runs)."""
+        why = "the supervisor failed"
         for action in self._on(m.Reload()):
             if isinstance(action, m.HandoverBegun):
                 return action.number
-        return None
+            if isinstance(action, m.Refused):
+                why = action.why
+        return why
 
     def _worker_ready(self, worker: WorkerHandle) -> None:
         logger.info("supervisor.worker_ready %s", worker.name)

@@ -108,7 +108,11 @@ _UNACCEPTED: Final = (
 #: Every (phase, event) pair.
 TABLE: Final[Mapping[tuple[Phase, str], Rule]] = {
     (_S, "Reload"): Transition("refused: the first generation is still starting"),
-    (_V, "Reload"): Transition("start generation n; the handover's step is starting", to=(_H,)),
+    (_V, "Reload"): Transition(
+        "refused while an orchestrator's drain holds g (until its rollback); else start "
+        "generation n, the handover's step is starting",
+        to=(_H,),
+    ),
     (_H, "Reload"): Transition("refused: one handover at a time"),
     (_T, "Reload"): Transition("refused: the supervisor is stopping"),
     (_X, "Reload"): _EXITED,
