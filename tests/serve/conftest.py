@@ -165,14 +165,16 @@ def start_supervised(tmp_path: Path) -> Iterator[StartSupervised]:
         env: dict[str, str] | None = None,
         wait: bool = True,
         socket_activation: socket.socket | None = None,
+        module: str = "forgezero_lifecycle",
     ) -> Supervised:
         """``socket_activation``: pass this listening socket as fd 3 with ``LISTEN_FDS=1``
-        (``workers=0``: plain ``serve``, no supervisor)."""
+        (``workers=0``: plain ``serve``, no supervisor); ``module``: the command line run
+        with ``python -m`` (tests/serve/faulty_supervisor.py injects a fault first)."""
         port = free_port()
         records = tmp_path / f"records-{port}"
         records.mkdir()
         command: Sequence[str] = [
-            sys.executable, "-m", "forgezero_lifecycle", "serve", target,
+            sys.executable, "-m", module, "serve", target,
             "--port", str(port), "--no-access-log", *flags,
             *(("--workers", str(workers)) if workers else ()),
         ]  # fmt: skip

@@ -109,6 +109,10 @@ class World:
     settled: dict[int, bool] = field(default_factory=dict)
     #: Generations that stopped taking new work (stop accepting, a drain, a stop).
     closed: set[int] = field(default_factory=set)
+    #: Generations the supervisor itself closed (stop accepting, its own drain): never again
+    #: a worker there (one closed only by an orchestrator's drain takes a replacement, which
+    #: joins that drain).
+    machine_closed: set[int] = field(default_factory=set)
     forced: bool = False
     exit_code: int | None = None
     handover_from: dict[int, int] = field(default_factory=dict)
@@ -192,27 +196,32 @@ class SupervisorMachineTest(RuleBasedStateMachine):
                     if g > 1:
                         world.unread.add(g)
                 case m.StartWorker(generation=g, index=i):
-                    assert g not in world.closed, f"a worker started into closed generation {g}"
+                    assert g not in world.machine_closed, f"a worker started into closed {g}"
+                    assert g not in world.closed or g in world.external, (g, action)
                     assert (g, i) not in world.processes
                     world.processes[(g, i)] = "starting"
                 case m.ScheduleReplacement(generation=g, index=i, attempt=a):
                     world.replacements.add((g, i, a))
                 case m.Accept(generation=g, indexes=indexes):
-                    assert g not in world.closed, f"generation {g} accepts after it closed"
+                    assert g not in world.machine_closed, f"generation {g} accepts after it closed"
+                    assert g not in world.closed or g in world.external, (g, action)
                     for index in indexes:
                         assert world.processes.get((g, index)) == "ready", (g, index, action)
                         world.processes[(g, index)] = "accepting"
                         world.took_work.add((g, index))
                     world.accepted.add(g)
-                    world.settled.pop(g, None)
+                    if action.whole:
+                        world.settled.pop(g, None)
                 case m.StopAccepting(generation=g):
                     world.closed.add(g)
+                    world.machine_closed.add(g)
                     world.touched.add(g)
                 case m.StartGrace(generation=g):
                     world.graces.add(g)
                     world.touched.add(g)
                 case m.BeginDrain(generation=g):
                     world.closed.add(g)
+                    world.machine_closed.add(g)
                     world.touched.add(g)
                     if g not in world.drains:
                         world.drains.add(g)
@@ -326,8 +335,14 @@ class SupervisorMachineTest(RuleBasedStateMachine):
         if all(self.world.processes.get((g, i)) == "starting" for i in range(self.workers)):
             self.send(m.StartFailed(g, "the revision could not be read"))
 
-    @rule(request=st.booleans())
-    def reload(self, request: bool) -> None:
+    @rule(request=st.booleans(), roll_back_first=st.booleans())
+    def reload(self, request: bool, roll_back_first: bool) -> None:
+        """A reload; while an orchestrator's drain holds the serving generation it is refused,
+        so half the time the orchestrator rolls its settled drain back first (else few
+        sequences would reach a handover)."""
+        current = self.machine.current
+        if roll_back_first and current in self._rollbacks():
+            self.orchestrator_rolls_back_generation(current)
         self.world.unread.clear()  # a revision is read only when a generation starts
         self.send(m.Reload(request=request))
 
@@ -398,12 +413,15 @@ class SupervisorMachineTest(RuleBasedStateMachine):
     @rule(data=st.data())
     def orchestrator_rolls_back(self, data: st.DataObject) -> None:
         """The orchestrator rolls back the drain it began (after it settled)."""
-        g = data.draw(st.sampled_from(self._rollbacks()))
+        self.orchestrator_rolls_back_generation(data.draw(st.sampled_from(self._rollbacks())))
+
+    def orchestrator_rolls_back_generation(self, g: int) -> None:
         self.world.external.discard(g)
         del self.world.settled[g]
         self.send(m.DrainRolledBack(g))
         if self.machine.generation_state(g) is m.GenerationState.SERVING:
             self.world.closed.discard(g)
+            self.world.machine_closed.discard(g)
 
     @precondition(lambda self: bool(self.world.handoffs))
     @rule(data=st.data())

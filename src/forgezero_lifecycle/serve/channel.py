@@ -7,7 +7,9 @@ a 4-byte big-endian length, then one JSON object. Three kinds of message::
     {"re": 7, ...}                     the answer to request 7
     {"event": "state", ...}            a one-way notice
 
-Either side may send requests. End of file means the other process is gone; nothing else ends
+Either side may send requests. A handler that raises is answered ``RUNTIME_INTERNAL_ERROR``
+(the requester is never left waiting) and reported to ``on_failure`` when one was given (the
+supervisor ends on it). End of file means the other process is gone; nothing else ends
 the channel: the sender refuses a message over :data:`MAX_MESSAGE_BYTES`
 (:class:`MessageTooLargeError`, nothing is sent), and a receiver skips a frame that is over the
 limit or is not a JSON object (logged) and reads on. What the messages are is
@@ -30,6 +32,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "Channel",
     "ChannelClosedError",
+    "FailureHook",
     "Handler",
     "MessageTooLargeError",
     "read_frame_blocking",
@@ -44,6 +47,8 @@ MAX_MESSAGE_BYTES: Final = 8 * 1024 * 1024
 Message = dict[str, Any]
 #: Answers a request (returns the answer's fields) or takes an event (returns None).
 Handler = Callable[[Message], Awaitable[Message | None]]
+#: Told when the handler raised: ``on_failure(message, error)``.
+FailureHook = Callable[[Message, Exception], None]
 
 
 class ChannelClosedError(ConnectionError):
@@ -94,11 +99,16 @@ class Channel:
     """One end of the channel, on an asyncio loop: requests, answers and events."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handler: Handler
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        handler: Handler,
+        on_failure: FailureHook | None = None,
     ) -> None:
         self._reader = reader
         self._writer = writer
         self._handler = handler
+        self._on_failure = on_failure
         self._next_id = 0
         self._waiting: dict[int, asyncio.Future[Message]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -106,9 +116,11 @@ class Channel:
         self._reading: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, sock: socket.socket, handler: Handler) -> Channel:
+    async def open(
+        cls, sock: socket.socket, handler: Handler, on_failure: FailureHook | None = None
+    ) -> Channel:
         reader, writer = await asyncio.open_connection(sock=sock, limit=MAX_MESSAGE_BYTES)
-        channel = cls(reader, writer, handler)
+        channel = cls(reader, writer, handler, on_failure)
         channel._reading = asyncio.create_task(channel._read_loop())
         return channel
 
@@ -189,6 +201,7 @@ class Channel:
         task.add_done_callback(self._tasks.discard)
 
     async def _handle(self, message: Message) -> None:
+        failure: Exception | None = None
         try:
             answer = await self._handler(message)
         except Exception as error:
@@ -196,6 +209,12 @@ class Channel:
                 "channel.handler_failed op=%s", message.get("op", message.get("event"))
             )
             answer = {"error": "RUNTIME_INTERNAL_ERROR", "detail": type(error).__name__}
+            failure = error
+        self._answer(message, answer)
+        if failure is not None and self._on_failure is not None:
+            self._on_failure(message, failure)
+
+    def _answer(self, message: Message, answer: Message | None) -> None:
         if "id" in message and not self.closed.is_set():
             try:
                 frame = encode({**(answer or {}), "re": message["id"]})

@@ -131,7 +131,7 @@ class ForwardedControl:
         self,
         generation: _Generation,
         *,
-        on_reload: Callable[[], int | None],
+        on_reload: Callable[[], int | str],
         handovers: HandoverLog,
     ) -> None:
         self._generation = generation
@@ -229,10 +229,8 @@ class ForwardedControl:
 
     async def _reload(self, arguments: Mapping[str, object]) -> _Reply:
         number = self._on_reload()
-        if number is None:
-            raise ReloadBusyError(
-                detail="a handover or the stop is running; try again once it is done"
-            )
+        if isinstance(number, str):
+            raise ReloadBusyError(detail=f"{number}; try again once it is done")
         return 202, ReloadAccepted(handover=number).model_dump(mode="json"), []
 
     async def _handover(self, arguments: Mapping[str, object]) -> _Reply:

@@ -4,14 +4,16 @@ The generation owns a :class:`~forgezero_lifecycle.core.drain.DrainController` w
 fan out to the workers over their private channels: ``begin`` reaches every ready worker's own
 runtime in the same instant with the same request (nonce, revisions, ``timeoutMs``), and the
 controller races the same deadline. A worker not ready when the drain began (a replacement still
-importing) holds no admitted work: the drain neither reaches nor waits for it. The public control plane of any worker forwards the drain paths to the
+importing) holds no admitted work: the drain neither reaches nor waits for it; a replacement
+ready while the drain holds the generation joins it before it accepts (:meth:`join_drain`). The public control plane of any worker forwards the drain paths to the
 supervisor, which answers them for the generation through the ``answer`` callback it gave
 (:mod:`.forwarding` builds it over this generation). Status aggregates: counters are the sums
 over the workers, ``drained`` only once every worker drained, ``failed`` as soon as one failed or
 died (``detail.workers`` says which), and rollback rolls back every worker.
 
 What the generation's workers and drain do is reported to the supervisor through callbacks
-(``on_ready``, ``on_exit``, ``on_drain``); what to do about it is decided by
+(``on_ready``, ``on_exit``, ``on_drain``, and ``on_failure`` when its answer to a worker's
+message raised); what to do about it is decided by
 :class:`~forgezero_lifecycle.serve.machine.SupervisorMachine`, never here.
 """
 
@@ -37,7 +39,7 @@ from ..wire.drain import (
 )
 from .messages import COUNTER_KINDS
 from .options import ServeOptions
-from .worker_handle import Answer, WorkerHandle
+from .worker_handle import Answer, HandlerFailed, WorkerHandle
 
 __all__ = ["DrainHook", "Generation"]
 
@@ -61,6 +63,7 @@ class Generation:
         on_ready: Callable[[WorkerHandle], None],
         on_exit: Callable[[WorkerHandle], None],
         on_drain: DrainHook,
+        on_failure: HandlerFailed,
     ) -> None:
         assert options.workers is not None
         self.number = number
@@ -71,6 +74,7 @@ class Generation:
         self._on_ready = on_ready
         self._on_exit = on_exit
         self._on_drain = on_drain
+        self._on_failure = on_failure
         self._answer: Answer | None = None
         self.workers: list[WorkerHandle] = []
         self._changed = asyncio.Event()
@@ -79,6 +83,8 @@ class Generation:
         #: The workers the running drain waits for: those ready when it began (a worker not
         #: ready holds no admitted work).
         self._drained_by: list[WorkerHandle] = []
+        #: Workers of the running drain replaced meanwhile: still shown in its status.
+        self._lost: list[WorkerHandle] = []
         self.controller = DrainController(_FanOut(self), revision=self.revision)
         # Each worker's open connections, so a burst spreads over them (stop.accepting).
         self.tally, self._tally_file = Tally.create(options.workers)
@@ -106,6 +112,7 @@ class Generation:
             on_ready=self._on_ready,
             on_report=self.changed,
             on_exit=self._exited,
+            on_failure=self._on_failure,
         )
 
     def _exited(self, worker: WorkerHandle) -> None:
@@ -135,6 +142,8 @@ class Generation:
     async def start_worker(self, index: int) -> WorkerHandle:
         """Start worker ``index`` (a fresh process in its place); it reports ready or exits."""
         if self.workers[index].process is not None:
+            if self.controller.active and self.workers[index] in self._drained_by:
+                self._lost.append(self.workers[index])
             self.workers[index] = self._handle(index)
         worker = self.workers[index]
         await worker.spawn(self._listeners, self._config(worker), self._tally_file.fileno())
@@ -171,6 +180,25 @@ class Generation:
             }
         )
         return True
+
+    async def join_drain(self, worker: WorkerHandle) -> None:
+        """A replacement, ready while the generation's drain holds it (running, drained or
+        failed, not rolled back): it begins the same drain before it accepts, so it refuses
+        intake like its siblings, and the rollback reaches it too."""
+        if not self.controller.active:
+            return
+        status = self.controller.current()
+        request = DrainRequest.model_validate(
+            status.model_dump(by_alias=True, include=set(DrainRequest.model_fields))
+        )
+        worker.drain_begun(request.nonce)
+        self._drained_by.append(worker)
+        answer = await worker.command("begin", request=request.model_dump(by_alias=True))
+        if "error" in answer and answer["error"] != "RUNTIME_WORKER_GONE":
+            logger.error("supervisor.command_refused %s code=%s", worker.name, answer["error"])
+            worker.drain_refused(str(answer["error"]))
+        logger.info("supervisor.drain_joined %s nonce=%s", worker.name, request.nonce[:8])
+        self.changed()
 
     def fan_out(self, op: str, **fields: Any) -> None:
         self._acks = [
@@ -212,11 +240,12 @@ class Generation:
 
     def detail(self) -> dict[str, Any]:
         """The per-worker picture a status carries in ``detail``."""
+        shown = [*self.workers, *self._lost]
         found: dict[str, Any] = {
             "generation": self.number,
-            "workers": [worker.summary() for worker in self.workers],
+            "workers": [worker.summary() for worker in shown],
         }
-        failed = [w.index for w in self.workers if w.report == "failed" or w.exited.is_set()]
+        failed = sorted({w.index for w in shown if w.report == "failed" or w.exited.is_set()})
         if failed and self.controller.active:
             found["failedWorkers"] = failed
         return found
@@ -227,6 +256,7 @@ class Generation:
             status.model_dump(by_alias=True, include=set(DrainRequest.model_fields))
         )
         self._nonce = request.nonce
+        self._lost = []
         self._drained_by = [worker for worker in self.workers if worker.ready.is_set()]
         for worker in self._drained_by:
             worker.drain_begun(request.nonce)
@@ -240,6 +270,7 @@ class Generation:
         self._on_drain(self.number, "begun")
 
     def _resume(self) -> None:
+        self._lost = []
         for worker in self._drained_by:
             worker.rolled_back()
         assert self._nonce is not None

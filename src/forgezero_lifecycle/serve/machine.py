@@ -34,7 +34,8 @@ Every (phase, event) pair (rendered from :data:`.table.TABLE`)::
 
     Reload (reload (SIGHUP or request)):
       starting: refused: the first generation is still starting
-      serving: start generation n; the handover's step is starting
+      serving: refused while an orchestrator's drain holds g (until its rollback); else start
+          generation n, the handover's step is starting
       handing-over: refused: one handover at a time
       stopping: refused: the supervisor is stopping
       stopped: *stale*: the supervisor has exited: a late report of one of its tasks
@@ -49,7 +50,7 @@ Every (phase, event) pair (rendered from :data:`.table.TABLE`)::
       stopped: *stale*: the supervisor has exited: a late report of one of its tasks
     WorkerReady (worker ready):
       starting: all of g ready: g accepts, serving
-      serving: a replacement: it accepts
+      serving: a replacement: it accepts (joining its generation's drain first, if one holds it)
       handing-over: n all ready: the state refused → abort (n stops, g untouched), else n
           accepts, g stops accepting, the grace starts; a replacement of the accepting
           generation accepts
@@ -58,9 +59,11 @@ Every (phase, event) pair (rendered from :data:`.table.TABLE`)::
       stopped: *stale*: the supervisor has exited: a late report of one of its tasks
     WorkerExited (worker exited):
       starting: the start failed: stop the rest, exit 1 once gone
-      serving: its generation accepting: replace it after a backoff; else recorded
-      handing-over: a worker of n before the switch: abort (n stops, g untouched); of an
-          accepting generation: replace it after a backoff; the last of g in stopping-old: done
+      serving: its generation serving, or held by an orchestrator's drain: replace it after a
+          backoff; else recorded
+      handing-over: a worker of n before the switch: abort (n stops, g untouched); of the
+          generation that serves (or is held by an orchestrator's drain): replace it after a
+          backoff; the last of g in stopping-old: done
       stopping: recorded; every worker gone and the drains settled: exit
       stopped: *stale*: the supervisor has exited: a late report of one of its tasks
     StartTimeout (start timeout):
@@ -81,8 +84,8 @@ Every (phase, event) pair (rendered from :data:`.table.TABLE`)::
     ReplaceDue (replace due):
       starting: *impossible* (raises): a replacement is scheduled only in an accepting
           generation
-      serving: its generation still accepting: start the worker again
-      handing-over: its generation still accepting: start the worker again
+      serving: its generation still the one that serves: start the worker again
+      handing-over: its generation still the one that serves: start the worker again
       stopping: *stale*: no worker starts into a stop: the replacement is dropped
       stopped: *stale*: the supervisor has exited: a late report of one of its tasks
     GraceOver (grace over):
@@ -95,7 +98,8 @@ Every (phase, event) pair (rendered from :data:`.table.TABLE`)::
     DrainBegun (drain begun):
       starting: *stale*: the first generation has not accepted: it holds no admitted work, and a
           drain begun through a worker's private port changes only what the workers answer
-      serving: g draining (an orchestrator's drain): no replacements
+      serving: g draining (an orchestrator's drain): a worker lost meanwhile is replaced and
+          joins it
       handing-over: recorded: the generation drains; the handover follows it
       stopping: recorded: the stop waits for it too
       stopped: *stale*: the supervisor has exited: a late report of one of its tasks
@@ -524,6 +528,15 @@ def state_refusal(
     return None
 
 
+#: The states of a generation whose lost workers are replaced (when it is the current one).
+_REPLACEABLE: Final = (
+    GenerationState.SERVING,
+    GenerationState.DRAINING,
+    GenerationState.DRAINED,
+    GenerationState.FAILED,
+)
+
+
 @final
 @dataclass
 class _Generation:
@@ -683,6 +696,9 @@ class SupervisorMachine:
         if self.phase is Phase.HANDING_OVER:
             return [Refused("a handover is running")]
         assert self.current is not None
+        if self._generations[self.current].state is not GenerationState.SERVING:
+            # An orchestrator's drain holds it: a new generation would lose that drain.
+            return [Refused(f"a drain holds generation {self.current}: roll it back first")]
         self.old, self.new = self.current, self._new_generation()
         self._handovers += 1
         self._handover = self._handovers
@@ -752,15 +768,18 @@ class SupervisorMachine:
             if self.phase is Phase.HANDING_OVER and number == self.new:
                 return self._switch()
             return []
-        if generation.state is GenerationState.SERVING and self.phase is not Phase.STOPPING:
+        if self._replaces(generation):
             generation.attempts.pop(index, None)
             return self._accept(generation, (index,))
         # A replacement whose generation stopped accepting meanwhile: it stops again.
         return [self._stop(generation, (index,), short=True)]
 
     def _accept(self, generation: _Generation, indexes: tuple[int, ...]) -> list[Action]:
+        """The workers accept; the whole of a starting generation serves (a replacement in a
+        draining generation joins its drain: the I/O layer begins it there first)."""
         whole = generation.state is GenerationState.STARTING
-        generation.state = GenerationState.SERVING
+        if whole:
+            generation.state = GenerationState.SERVING
         generation.accepted = True
         for index in indexes:
             generation.workers[index] = WorkerState.ACCEPTING
@@ -803,7 +822,7 @@ class SupervisorMachine:
         ):
             why = why or f"worker {index} exited before it was ready"
             actions += self._start_failed(number, why)
-        elif generation.state is GenerationState.SERVING and self.phase is not Phase.STOPPING:
+        elif self._replaces(generation):
             actions += self._schedule_replacement(generation, index)
         return actions + self._after_exit(generation)
 
@@ -827,6 +846,16 @@ class SupervisorMachine:
                 self.phase, self.step, self._handover = Phase.SERVING, None, None
                 self.old = self.new = None
         return actions + self._maybe_exit()
+
+    def _replaces(self, generation: _Generation) -> bool:
+        """A lost worker of ``generation`` is replaced: it is the one that serves, outside a
+        stop, serving or held by an orchestrator's drain (its replacement joins that drain, so
+        the drain's status and rollback stay reachable and the rollback finds every worker)."""
+        return (
+            self.phase is not Phase.STOPPING
+            and generation.number == self.current
+            and generation.state in _REPLACEABLE
+        )
 
     def _schedule_replacement(self, generation: _Generation, index: int) -> list[Action]:
         attempt = generation.attempts.get(index, 0)
@@ -882,8 +911,7 @@ class SupervisorMachine:
         generation = self._generations.get(number)
         if (
             generation is None
-            or generation.state is not GenerationState.SERVING
-            or self.phase is Phase.STOPPING
+            or not self._replaces(generation)
             or generation.workers[index] is not WorkerState.EXITED
             or generation.attempts.get(index) != attempt + 1
         ):

@@ -51,6 +51,7 @@ async def serve_app(
     shared_listener: bool = False,
     runtime_source: Literal["app", "serve"] = "app",
     on_server: Callable[[uvicorn.Server], None] | None = None,
+    handle_signals: bool = True,
 ) -> int:
     """Serve until a signal's self-drain settles (or a second signal forces the stop).
 
@@ -60,7 +61,9 @@ async def serve_app(
     leaves the kernel's listening socket, and its accept queue, to them. ``runtime_source`` says
     whether ``runtime`` is the app's own or one ``serve`` built from its flags (for the log).
     ``on_server`` is handed the uvicorn server before it starts (a supervisor's worker watches
-    its startup and stops it accepting during a handover).
+    its startup and stops it accepting during a handover). ``handle_signals=False``: SIGTERM
+    and SIGINT are the caller's (a supervisor's worker, whose handlers are in place before it
+    imports the app).
     """
     stop = ConnectionStop(options.first_byte_grace)
     config = uvicorn.Config(
@@ -104,7 +107,7 @@ async def serve_app(
             server.force()
 
     runtime.gate.watch(_close_after_responses(server))
-    handled = (signal.SIGTERM, signal.SIGINT)
+    handled = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
     for signum in handled:
         loop.add_signal_handler(signum, on_signal, signum)
     loop.add_signal_handler(signal.SIGHUP, _ignore_hangup, shared_listener)

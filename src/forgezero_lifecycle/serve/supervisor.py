@@ -9,9 +9,14 @@
 What to do is decided by :class:`~forgezero_lifecycle.serve.machine.SupervisorMachine` (the
 table of every phase and event is :data:`~forgezero_lifecycle.serve.table.TABLE`); this module
 only turns signals, process exits, channel reports and timers into its events and carries out
-its actions. An event the table rules out ends the supervisor (its workers are killed); an
-action that would start something, decided before a stop, is dropped when its turn comes after
-the stop (a worker it would have started is reported as never started).
+its actions. An action that would start something, decided before a stop, is dropped when its
+turn comes after the stop (a worker it would have started is reported as never started).
+
+A failure of the supervisor's own code ends it: an event the table rules out, an action that
+raises, or its answer to a worker's channel message that raises (``supervisor.failed``, naming
+the cause). Its workers are told to stop at once (:data:`FORCED_STOP_BOUND`, then SIGKILL) and
+``serve`` exits 1 with :class:`SupervisorFailedError` (the machine would otherwise go on
+believing the failed step was done).
 
 * **Start**: every worker of generation 1 must report ready within ``--start-timeout``, or the
   supervisor stops them and exits 1, saying which worker failed and why. No worker accepts on
@@ -31,9 +36,12 @@ the stop (a worker it would have started is reported as never started).
   (each after its response in flight), and after ``--handover-grace`` g is drained (its jobs
   released under their fences) and stopped. One handover at a time: a SIGHUP during one is
   refused and logged.
-* **Workers that die** while their generation accepts are replaced (logged with the exit
-  reason); never into a generation that stopped accepting. A worker dying during a drain fails
-  that drain; a worker not ready when the drain began is not part of it (it admitted nothing).
+* **Workers that die** while their generation serves are replaced (logged with the exit
+  reason); never into a generation that stopped accepting, nor during the stop. A worker dying
+  during a drain fails that drain; a worker not ready when the drain began is not part of it
+  (it admitted nothing). One lost while an orchestrator's drain holds the generation is
+  replaced too, and the replacement joins that drain before it accepts (intake refused, the
+  nonce answered, the rollback reaches it), so a rollback finds every worker again.
 
 Every task the supervisor starts (timers, the watch on each worker process, the state transfer)
 belongs to the task group :meth:`Supervisor.run` opens: one that fails ends the supervisor with
@@ -51,6 +59,7 @@ before g is touched.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import logging.config
@@ -71,7 +80,7 @@ from .server import SHUTDOWN_MARGIN, log_config
 from .state_transfer import hand_state_over
 from .worker_handle import WorkerHandle
 
-__all__ = ["Supervisor", "run_supervisor"]
+__all__ = ["Supervisor", "SupervisorFailedError", "run_supervisor"]
 
 logger = logging.getLogger("forgezero_lifecycle.serve.supervisor")
 
@@ -83,6 +92,11 @@ _QUEUE_LOOK: Final = 0.01
 UNREADY_STOP_BOUND: Final = 3.0
 #: A forced stop (the second signal): this long, then SIGKILL.
 FORCED_STOP_BOUND: Final = 2.0
+
+
+class SupervisorFailedError(RuntimeError):
+    """The supervisor's own code failed (an action or a channel handler raised); its message
+    names the cause. Its workers were stopped; ``serve`` exits 1."""
 
 
 def run_supervisor(app: str, options: ServeOptions) -> int:
@@ -138,8 +152,8 @@ class Supervisor:
         self._done = asyncio.Event()
         self._exit = 1
         self._began_handover = 0.0
-        #: What ended the supervisor when its machine was handed an impossible event.
-        self._failure: m.ImpossibleEventError | None = None
+        #: What ended the supervisor: an impossible event, a failed action or channel handler.
+        self._failure: Exception | None = None
 
     @property
     def current(self) -> Generation | None:
@@ -166,13 +180,29 @@ class Supervisor:
             actions = self.machine.handle(event)
         except m.ImpossibleEventError as error:
             logger.critical("supervisor.impossible_event: %s", error)
-            if self._failure is None:
-                self._failure = error
-            self._done.set()
+            self._fail(error)
             return []
         if actions:
             self._batches.put_nowait((self.machine.stops, actions))
         return actions
+
+    def _fail(self, error: Exception) -> None:
+        """End the supervisor with ``error`` (the first one counts): :meth:`run` stops the
+        workers and raises it."""
+        if self._failure is None:
+            logger.critical("supervisor.failed: %s; its workers are stopped", error)
+            self._failure = error
+        self._done.set()
+
+    def _handler_failed(
+        self, worker: WorkerHandle, message: dict[str, Any], error: Exception
+    ) -> None:
+        what = message.get("call", message.get("op", message.get("event")))
+        self._fail(
+            SupervisorFailedError(
+                f"the answer to {what!r} from {worker.name} failed: {type(error).__name__}: {error}"
+            )
+        )
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -187,29 +217,41 @@ class Supervisor:
                 await self._done.wait()
                 for task in list(self._tasks):
                     task.cancel()
-            if self._failure is not None:
-                raise self._failure
-            return self._exit
         except Exception:
-            logger.exception("supervisor.crashed: a bug in the supervisor; its workers are killed")
+            logger.exception("supervisor.crashed: a bug in the supervisor; its workers are stopped")
             raise
         finally:
             self._group = None
             for signum in handled:
                 loop.remove_signal_handler(signum)
-            await self._kill_leftovers()
+            await self._stop_leftovers()
             for generation in self._generations.values():
                 generation.close()
+        if self._failure is not None:
+            raise self._failure
+        return self._exit
 
-    async def _kill_leftovers(self) -> None:
-        """Only after a crash of the supervisor's own code: nothing may outlive it."""
-        for generation in self._generations.values():
-            running = [w.process for w in generation.workers if w.process is not None]
-            for worker in generation.workers:
-                if worker.process is not None and worker.process.returncode is None:
-                    logger.error("supervisor.worker_killed %s: the supervisor ends", worker.name)
-                    worker.signal(signal.SIGKILL)
-            await asyncio.gather(*(process.wait() for process in running))
+    async def _stop_leftovers(self) -> None:
+        """Only after a failure of the supervisor's own code: nothing may outlive it. Every
+        worker still running is told to stop now, and killed :data:`FORCED_STOP_BOUND` later."""
+        running = [
+            worker
+            for generation in self._generations.values()
+            for worker in generation.workers
+            if worker.process is not None and worker.process.returncode is None
+        ]
+        processes = [worker.process for worker in running if worker.process is not None]
+        for worker in running:
+            logger.error("supervisor.worker_stopped %s: the supervisor ends", worker.name)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FORCED_STOP_BOUND):
+                await asyncio.gather(*(worker.command("stop", force=True) for worker in running))
+                await asyncio.gather(*(process.wait() for process in processes))
+        for worker in running:
+            if worker.process is not None and worker.process.returncode is None:
+                logger.error("supervisor.worker_killed %s: not stopped in time", worker.name)
+                worker.signal(signal.SIGKILL)
+        await asyncio.gather(*(process.wait() for process in processes))
 
     async def _carry_out(self) -> None:
         while True:
@@ -220,8 +262,14 @@ class Supervisor:
                         self._drop(action)
                     else:
                         await self._act(action)
-                except Exception:
+                except Exception as error:
                     logger.exception("supervisor.action_failed %s", action)
+                    self._fail(
+                        SupervisorFailedError(
+                            f"the action {action} failed: {type(error).__name__}: {error}"
+                        )
+                    )
+                    return
 
     def _drop(self, action: m.Action) -> None:
         """``action`` was decided before the stop: a worker it would start never starts."""
@@ -255,13 +303,16 @@ class Supervisor:
     def _on_reload_signal(self) -> None:
         self.reload()
 
-    def reload(self) -> int | None:
+    def reload(self) -> int | str:
         """Begin a handover to a new generation and return its number (for
-        ``supervisor/v1/handover``); None when one (or the stop) is running."""
+        ``supervisor/v1/handover``), or why it is refused (a handover, a drain or the stop runs)."""
+        why = "the supervisor failed"
         for action in self._on(m.Reload()):
             if isinstance(action, m.HandoverBegun):
                 return action.number
-        return None
+            if isinstance(action, m.Refused):
+                why = action.why
+        return why
 
     def _worker_ready(self, worker: WorkerHandle) -> None:
         logger.info("supervisor.worker_ready %s", worker.name)
@@ -377,6 +428,7 @@ class Supervisor:
             on_ready=self._worker_ready,
             on_exit=self._worker_exited,
             on_drain=self._drain_changed,
+            on_failure=self._handler_failed,
         )
         forwarded = ForwardedControl(generation, on_reload=self.reload, handovers=self.handovers)
         generation.connect(forwarded.answer)
@@ -422,6 +474,8 @@ class Supervisor:
         self, generation: Generation, indexes: tuple[int, ...], *, whole: bool
     ) -> None:
         workers = [generation.workers[index] for index in indexes]
+        if not whole:  # a replacement: into the generation's drain first, if one holds it
+            await asyncio.gather(*(generation.join_drain(worker) for worker in workers))
         await asyncio.gather(*(worker.command("accept") for worker in workers))
         if not whole:
             for worker in workers:

@@ -108,7 +108,11 @@ _UNACCEPTED: Final = (
 #: Every (phase, event) pair.
 TABLE: Final[Mapping[tuple[Phase, str], Rule]] = {
     (_S, "Reload"): Transition("refused: the first generation is still starting"),
-    (_V, "Reload"): Transition("start generation n; the handover's step is starting", to=(_H,)),
+    (_V, "Reload"): Transition(
+        "refused while an orchestrator's drain holds g (until its rollback); else start "
+        "generation n, the handover's step is starting",
+        to=(_H,),
+    ),
     (_H, "Reload"): Transition("refused: one handover at a time"),
     (_T, "Reload"): Transition("refused: the supervisor is stopping"),
     (_X, "Reload"): _EXITED,
@@ -131,7 +135,9 @@ TABLE: Final[Mapping[tuple[Phase, str], Rule]] = {
     ),
     (_X, "StopSignal"): _EXITED,
     (_S, "WorkerReady"): Transition("all of g ready: g accepts, serving", to=(_V,)),
-    (_V, "WorkerReady"): Transition("a replacement: it accepts"),
+    (_V, "WorkerReady"): Transition(
+        "a replacement: it accepts (joining its generation's drain first, if one holds it)"
+    ),
     (_H, "WorkerReady"): Transition(
         "n all ready: the state refused → abort (n stops, g untouched), else n accepts, g "
         "stops accepting, the grace starts; a replacement of the accepting generation accepts",
@@ -145,11 +151,13 @@ TABLE: Final[Mapping[tuple[Phase, str], Rule]] = {
         "the start failed: stop the rest, exit 1 once gone", to=(_T, _X)
     ),
     (_V, "WorkerExited"): Transition(
-        "its generation accepting: replace it after a backoff; else recorded"
+        "its generation serving, or held by an orchestrator's drain: replace it after a "
+        "backoff; else recorded"
     ),
     (_H, "WorkerExited"): Transition(
-        "a worker of n before the switch: abort (n stops, g untouched); of an accepting "
-        "generation: replace it after a backoff; the last of g in stopping-old: done",
+        "a worker of n before the switch: abort (n stops, g untouched); of the generation "
+        "that serves (or is held by an orchestrator's drain): replace it after a backoff; the "
+        "last of g in stopping-old: done",
         to=(_V,),
     ),
     (_T, "WorkerExited"): Transition(
@@ -178,8 +186,12 @@ TABLE: Final[Mapping[tuple[Phase, str], Rule]] = {
     ),
     (_X, "StartFailed"): _EXITED,
     (_S, "ReplaceDue"): Impossible("a replacement is scheduled only in an accepting generation"),
-    (_V, "ReplaceDue"): Transition("its generation still accepting: start the worker again"),
-    (_H, "ReplaceDue"): Transition("its generation still accepting: start the worker again"),
+    (_V, "ReplaceDue"): Transition(
+        "its generation still the one that serves: start the worker again"
+    ),
+    (_H, "ReplaceDue"): Transition(
+        "its generation still the one that serves: start the worker again"
+    ),
     (_T, "ReplaceDue"): Stale("no worker starts into a stop: the replacement is dropped"),
     (_X, "ReplaceDue"): _EXITED,
     (_S, "GraceOver"): Impossible("a grace starts only at a handover's switch"),
@@ -192,7 +204,9 @@ TABLE: Final[Mapping[tuple[Phase, str], Rule]] = {
     (_T, "GraceOver"): Stale("the grace of the handover the stop ended"),
     (_X, "GraceOver"): _EXITED,
     (_S, "DrainBegun"): Stale(_UNACCEPTED),
-    (_V, "DrainBegun"): Transition("g draining (an orchestrator's drain): no replacements"),
+    (_V, "DrainBegun"): Transition(
+        "g draining (an orchestrator's drain): a worker lost meanwhile is replaced and joins it"
+    ),
     (_H, "DrainBegun"): Transition("recorded: the generation drains; the handover follows it"),
     (_T, "DrainBegun"): Transition("recorded: the stop waits for it too"),
     (_X, "DrainBegun"): _EXITED,

@@ -20,10 +20,13 @@ leaves a queued one to a sibling that holds fewer (the generation's
 ``RUNTIME_BAD_MESSAGE`` and changes nothing.
 
 Signals are the supervisor's to command. SIGINT (a terminal's Ctrl-C reaches the whole process
-group) and SIGTERM are blocked while the worker boots; once uvicorn has started, the worker's own
-handlers replace ``serve_app``'s and the signals are unblocked (so processes the app starts later
-inherit no blocked signal): SIGINT is ignored, and SIGTERM too while the supervisor lives. The
-worker acts on the channel instead. It stops when told to, or when the supervisor is gone (end of
+group) and SIGTERM are blocked only until the worker's event loop runs: then its own handlers
+are installed (``serve_app`` installs none) and the signals are unblocked, before the app is
+imported, so no process the app starts inherits a blocked signal (a handled signal is reset to
+its default by ``exec``). SIGINT is ignored, and SIGTERM too while the supervisor lives. The
+worker acts on the channel instead. The inherited listening sockets and the channel are made
+close-on-exec as the worker starts: a process the app starts (``os.system("… &")`` closes
+nothing) holds neither the port nor the supervisor's channel. It stops when told to, or when the supervisor is gone (end of
 file on the channel, the parent-death signal ``PR_SET_PDEATHSIG`` on Linux, or a SIGTERM once the
 parent is gone): it then drains itself (or follows the drain begun) and lets ``serve_app`` run
 its stop, which leaves the shared kernel socket to the others.
@@ -124,10 +127,9 @@ class WorkerAgent:
         self.channel.notify(report.wire())
 
     async def watch_startup(self, serving: asyncio.Task[int]) -> None:
-        """Once uvicorn serves (startup and lifespan done): take the signals over, report ready."""
+        """Once uvicorn serves (startup and lifespan done): report ready."""
         while not serving.done():
             if self.server is not None and self.server.started:
-                self._take_signals()
                 self.notify_state(
                     StateReport(
                         "ready",
@@ -141,14 +143,7 @@ class WorkerAgent:
                 return
             await asyncio.sleep(_STARTUP_LOOK)
 
-    def _take_signals(self) -> None:
-        # serve_app installed its handlers before uvicorn started: these replace them.
-        loop = asyncio.get_running_loop()
-        for signum in _COMMANDED:
-            loop.add_signal_handler(signum, self._on_signal, signum)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _COMMANDED)
-
-    def _on_signal(self, signum: int) -> None:
+    def on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
         if signum == signal.SIGTERM and os.getppid() != self.supervisor_pid:
             self.stop(f"{name} and the supervisor is gone")
@@ -331,6 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = ServeOptions(**{k: v for k, v in config["options"].items() if k in fields})
     label = f"worker={config['index']} generation={config['generation']}"
     options = dataclasses.replace(options, log_label=label)
+    for fd in (args.channel_fd, *args.listen_fd):
+        os.set_inheritable(fd, False)  # passed to this process, never to those the app starts
     listeners = [socket.socket(fileno=fd) for fd in args.listen_fd]
     workers = options.workers or 1
     tally = None if args.tally_fd is None else Tally.attach(args.tally_fd, workers, config["index"])
@@ -347,6 +344,16 @@ async def _serve(
 ) -> int:
     index, generation = int(config["index"]), int(config["generation"])
     agent_box: list[WorkerAgent] = []
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if agent_box:
+            agent_box[0].on_signal(signum)
+        # else: the app failed its import; the worker is exiting anyway
+
+    for signum in _COMMANDED:  # handled from now on: unblocked before the app is imported
+        loop.add_signal_handler(signum, on_signal, signum)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _COMMANDED)
 
     async def handle(message: dict[str, Any]) -> dict[str, Any] | None:
         if not agent_box:
@@ -378,7 +385,6 @@ async def _serve(
     agent.shared = listeners
     agent.tally = tally
     agent_box.append(agent)
-    loop = asyncio.get_running_loop()
     loop.add_signal_handler(PARENT_DEATH_SIGNAL, agent.stop, "the supervisor is gone")
     serving = asyncio.create_task(
         serve_app(
@@ -389,6 +395,7 @@ async def _serve(
             shared_listener=True,
             runtime_source=source,
             on_server=agent.attach_server,
+            handle_signals=False,
         )
     )
     startup = asyncio.create_task(agent.watch_startup(serving))

@@ -35,6 +35,9 @@ COMMAND_TIMEOUT: Final = 10.0
 
 #: Answers a forwarded control call: ``answer(call, args)`` → ``{"status", "headers", "body"}``.
 Answer = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+#: Told when the supervisor's handler of a message from this worker raised:
+#: ``on_failure(worker, message, error)``.
+HandlerFailed = Callable[["WorkerHandle", dict[str, Any], Exception], None]
 #: What the drain report of the worker says (``booting`` until its first report).
 DrainReport = Literal["booting", "ready", "draining", "drained", "failed", "rolled-back"]
 _REPORTS: Final[dict[str, DrainReport]] = {name: name for name in get_args(DrainReport)}
@@ -64,6 +67,7 @@ class WorkerHandle:
         on_ready: Callable[[WorkerHandle], None],
         on_report: Callable[[WorkerHandle], None],
         on_exit: Callable[[WorkerHandle], None],
+        on_failure: HandlerFailed,
     ) -> None:
         self.index = index
         self.generation = generation
@@ -71,6 +75,7 @@ class WorkerHandle:
         self._on_ready = on_ready
         self._on_report = on_report
         self._on_exit = on_exit
+        self._on_failure = on_failure
         self.process: asyncio.subprocess.Process | None = None
         self.channel: Channel | None = None
         self._report: DrainReport = "booting"
@@ -154,7 +159,7 @@ class WorkerHandle:
             )
         finally:
             theirs.close()
-        self.channel = await Channel.open(ours, self._handle)
+        self.channel = await Channel.open(ours, self._handle, self._handler_failed)
         self.channel.notify(config)
         logger.info("supervisor.worker_started %s", self.name)
 
@@ -175,6 +180,9 @@ class WorkerHandle:
         self.exited.set()
         await self.channel.aclose()
         self._on_exit(self)
+
+    def _handler_failed(self, message: dict[str, Any], error: Exception) -> None:
+        self._on_failure(self, message, error)
 
     async def _handle(self, message: dict[str, Any]) -> dict[str, Any] | None:
         decoded = decode_worker_message(message)
@@ -222,4 +230,4 @@ class WorkerHandle:
         return found
 
 
-__all__ += ["Answer", "DrainReport"]
+__all__ += ["Answer", "DrainReport", "HandlerFailed"]
