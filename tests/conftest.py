@@ -1,9 +1,25 @@
 """Shared test configuration: every async test runs on asyncio; under pytest-xdist the longest
-tests start first."""
+tests start first, and at most :data:`LOAD_SLOTS` tests that send a user's load (marked
+``load``) run at once."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
 import pytest
+
+#: Tests marked ``load`` (50 clients and real servers, a few seconds to a minute each) that run
+#: at once. Each keeps both cores busy; more at once starve the clients of their own event loop,
+#: which then sends late and meets closes a real client would not (the stop's first-byte grace).
+LOAD_SLOTS: Final = 3
+_SLOTS_DIRECTORY: Final = "FORGEZERO_TEST_LOAD_SLOTS"
 
 
 @pytest.fixture(scope="session")
@@ -21,9 +37,45 @@ def _runs_long(item: pytest.Item) -> bool:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's controller (or the only process) makes the load slots' folder; pytest-xdist's
+    workers, started after this, inherit its path."""
+    if not hasattr(config, "workerinput") and _SLOTS_DIRECTORY not in os.environ:
+        os.environ[_SLOTS_DIRECTORY] = tempfile.mkdtemp(prefix="forgezero-load-slots-")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist, hand the long tests out first (the rest, in collection order, fill
     the gaps), so that the last minute of a run is not one long test started late."""
     if not getattr(config.option, "numprocesses", None):
         return
     items.sort(key=lambda item: not _runs_long(item))  # stable: collection order within each
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """A ``load`` test waits for a free slot before anything of it runs (outside its timeout)."""
+    if item.get_closest_marker("load") is None:
+        yield
+        return
+    with _load_slot(Path(os.environ[_SLOTS_DIRECTORY])):
+        yield
+
+
+@contextlib.contextmanager
+def _load_slot(directory: Path) -> Iterator[None]:
+    """Hold one of :data:`LOAD_SLOTS` file locks shared by every process of the run."""
+    while True:
+        for slot in range(LOAD_SLOTS):
+            descriptor = os.open(directory / f"slot-{slot}", os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(descriptor)
+                continue
+            try:
+                yield
+            finally:
+                os.close(descriptor)  # releases the lock
+            return
+        time.sleep(0.05)  # every slot is taken: another process's load test ends soon

@@ -11,12 +11,15 @@ to judge against the servers' records.
 from __future__ import annotations
 
 import hashlib
+import os
 import random
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Final, final
 
 import anyio
+import anyio.abc
 import httpx
 
 __all__ = ["REFUSAL", "Attempt", "HttpLoad", "LateSenders", "RequestRecord", "Router", "Target"]
@@ -235,7 +238,8 @@ class LateSenders:
 
     They stand for clients whose connection the server has accepted but whose request it has
     not read yet: the connections a stop must not close under them. Each request is judged
-    like the load's: ``ok``, ``refused`` (503 from the runtime), ``connect-refused``, or
+    like the load's: ``ok``, ``refused`` (503 from the runtime), ``connect-refused`` (also a
+    connection the server closed before the request was sent: nothing went out), or
     ``error:…`` (the connection ended without an answer).
     """
 
@@ -280,6 +284,12 @@ class LateSenders:
         try:
             async with stream:
                 await anyio.sleep(lateness)
+                if _closed_under(stream):
+                    # What a client sees before it sends, as on a refused connection: nothing
+                    # went out, so it may send again (httpx looks the same way before it reuses
+                    # a pooled connection). A client of a loaded machine may wait past the
+                    # stop's first-byte grace, which closes such a connection.
+                    return "connect-refused"
                 await stream.send(request)
                 with anyio.fail_after(30):
                     while True:
@@ -290,6 +300,18 @@ class LateSenders:
         except (OSError, anyio.BrokenResourceError) as error:
             return f"error:{type(error).__name__}:{error} after {len(answer)} bytes"
         return _judge_raw(self.label, request_id, bytes(answer))
+
+
+def _closed_under(stream: anyio.abc.SocketStream) -> bool:
+    """Whether the server closed (or reset) the connection before anything was sent on it."""
+    raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)  # asyncio's: no recv of its own
+    with socket.socket(fileno=os.dup(raw.fileno())) as probe:
+        try:
+            return probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
 
 
 def _judge_raw(label: str, request_id: str, answer: bytes) -> str:

@@ -21,7 +21,7 @@ from ._load import HttpLoad, Router, Target
 from ._soak import report, scale
 from ._verify import judge
 
-pytestmark = [pytest.mark.server, pytest.mark.anyio]
+pytestmark = [pytest.mark.server, pytest.mark.load, pytest.mark.anyio]
 
 ROUNDS: Final = scale(2, 10)
 CLIENTS: Final = 50

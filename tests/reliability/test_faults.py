@@ -23,7 +23,7 @@ from ._load import HttpLoad, Router, Target
 from ._soak import report, scale
 from ._verify import judge
 
-pytestmark = [pytest.mark.server, pytest.mark.anyio]
+pytestmark = [pytest.mark.server, pytest.mark.load, pytest.mark.anyio]
 
 CLIENTS: Final = 20
 ACCEPTABLE_EXIT: Final = (0, -signal.SIGTERM)

@@ -19,7 +19,7 @@ from ._fleet import Fleet
 from ._soak import report, scale
 from .test_zero_loss_stop import _stop_under_load
 
-pytestmark = [pytest.mark.server, pytest.mark.anyio]
+pytestmark = [pytest.mark.server, pytest.mark.load, pytest.mark.anyio]
 
 HOOKED: Final = ("uvicorn-h11", "uvicorn-httptools", "hypercorn-single", "gunicorn")
 

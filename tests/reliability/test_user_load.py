@@ -49,7 +49,7 @@ from ._rows import DEADLINE, ROWS, Row
 from ._soak import report
 from ._verify import judge_stop
 
-pytestmark = [pytest.mark.server, pytest.mark.anyio]
+pytestmark = [pytest.mark.server, pytest.mark.load, pytest.mark.anyio]
 
 BURST: Final = 50
 #: The least share of a burst each worker takes where the row promises spreading.
@@ -191,6 +191,12 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
         "websocket_closes": dict(sockets.closes),
         "websocket_problems": sockets.problems,
         "problems": verdict.problems[:10],
+        # When each lost request ended, against the final SIGTERM (negative: before it).
+        "lost_at": [
+            f"{r.id} {r.done_at - signalled:+.2f} s"
+            for r in everything
+            if r.outcome != "ok" and r.outcome not in refusals
+        ][:10],
         "exit_code": exit_code,
         "log": log_path.read_text()[-3000:],
     }

@@ -26,7 +26,7 @@ from ._records import ServerRecords
 from ._soak import report, scale
 from ._verify import judge
 
-pytestmark = [pytest.mark.server, pytest.mark.anyio]
+pytestmark = [pytest.mark.server, pytest.mark.load, pytest.mark.anyio]
 
 ROUNDS: Final = scale(3, 20)
 CLIENTS: Final = 50

@@ -27,7 +27,7 @@ from ._load import HttpLoad, LateSenders, RequestRecord, Router, Target
 from ._soak import report, scale
 from ._verify import judge_stop
 
-pytestmark = [pytest.mark.server, pytest.mark.anyio]
+pytestmark = [pytest.mark.server, pytest.mark.load, pytest.mark.anyio]
 
 RUNS: Final = scale(3, 20)
 CLIENTS: Final = 40

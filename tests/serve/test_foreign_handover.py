@@ -49,7 +49,7 @@ from .test_handover import (
     _merged,
 )
 
-pytestmark = [pytest.mark.server, pytest.mark.anyio]
+pytestmark = [pytest.mark.server, pytest.mark.load, pytest.mark.anyio]
 
 RUNS: Final = scale(3, 20)
 SESSIONS: Final = 4

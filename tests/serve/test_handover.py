@@ -36,7 +36,7 @@ from tests.reliability._verify import judge
 from .conftest import StartSupervised, Supervised, alive
 from .test_foreign import _children as children_of
 
-pytestmark = [pytest.mark.server, pytest.mark.anyio]
+pytestmark = [pytest.mark.server, pytest.mark.load, pytest.mark.anyio]
 
 LABEL: Final = "port"
 CLIENTS: Final = 30
