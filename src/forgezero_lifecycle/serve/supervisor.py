@@ -430,7 +430,13 @@ class Supervisor:
             on_drain=self._drain_changed,
             on_failure=self._handler_failed,
         )
-        forwarded = ForwardedControl(generation, on_reload=self.reload, handovers=self.handovers)
+        forwarded = ForwardedControl(
+            generation,
+            on_reload=self.reload,
+            handovers=self.handovers,
+            serving=lambda: self.current,
+            known=lambda: tuple(self._generations.values()),
+        )
         generation.connect(forwarded.answer)
         self._generations[number] = generation
         return generation
