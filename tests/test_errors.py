@@ -17,6 +17,7 @@ TREE = {
             "RUNTIME_DRAIN_ALREADY_STARTED",
             "RUNTIME_DRAIN_REVISION_MISMATCH",
             "RUNTIME_DRAIN_SHARED_LISTENER",
+            "RUNTIME_DRAIN_GENERATION_RETIRING",
         ),
     ),
     "DrainNotFoundError": ("DrainError", LookupError, ("RUNTIME_DRAIN_NOT_FOUND",)),

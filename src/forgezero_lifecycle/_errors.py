@@ -13,6 +13,7 @@ checks it) and says in words what its code says (``DrainNotFoundError``,
     │   ├── DrainRequestInvalidError (ValueError)       RUNTIME_DRAIN_REQUEST_INVALID
     │   ├── DrainConflictError (RuntimeError)           RUNTIME_DRAIN_ALREADY_STARTED
     │   │                                               | _REVISION_MISMATCH | _SHARED_LISTENER
+    │   │                                               | _GENERATION_RETIRING
     │   ├── DrainNotFoundError (LookupError)            RUNTIME_DRAIN_NOT_FOUND
     │   ├── DrainCountersInvalidError (ValueError)      RUNTIME_DRAIN_COUNTERS_INVALID
     │   ├── DrainFailedError (RuntimeError)             RUNTIME_DRAIN_TIMEOUT | _NOT_IDLE | _FAILED
@@ -152,6 +153,7 @@ class DrainConflictError(DrainError, RuntimeError):
         "RUNTIME_DRAIN_ALREADY_STARTED",
         "RUNTIME_DRAIN_REVISION_MISMATCH",
         "RUNTIME_DRAIN_SHARED_LISTENER",
+        "RUNTIME_DRAIN_GENERATION_RETIRING",
     )
 
 

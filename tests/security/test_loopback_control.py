@@ -1,4 +1,5 @@
-"""``insecure_loopback_control`` admits a direct loopback client only, under a real uvicorn.
+"""``insecure_loopback_control`` admits a direct loopback client only, under a real uvicorn and
+in-process for each proxy header.
 
 uvicorn's proxy-header support (``FORWARDED_ALLOW_IPS='*'``) rewrites ``scope["client"]`` from
 ``X-Forwarded-For``; a client bound to 127.0.0.2 must not pass for 127.0.0.1 that way, and a
@@ -10,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from forgezero_lifecycle.runtime import Runtime
 from tests.real_servers._servers import RunningServer, start_server, stop_server
+from tests.security._asgi import call, inner_app
 
 pytestmark = pytest.mark.server
 
@@ -58,3 +62,48 @@ def test_forwarded_for_ignored(server: RunningServer) -> None:
 def test_non_loopback_host_refused(server: RunningServer, host: str) -> None:
     """A rebound DNS name reaches a loopback socket, but its Host gives it away."""
     assert get(server, source="127.0.0.1", headers={"Host": host}) == 401
+
+
+# In-process, at the message level: every header a reverse proxy adds by default.
+
+PROXY_HEADERS = [
+    ("via", "1.1 nginx"),
+    ("forwarded", "for=127.0.0.1;proto=http"),
+    ("x-forwarded-for", "127.0.0.1"),
+    ("x-forwarded-proto", "http"),
+    ("x-forwarded-host", "localhost"),
+    ("x-forwarded-port", "80"),
+    ("x-real-ip", "127.0.0.1"),
+    ("X-Forwarded-Proto", "https"),
+]
+
+
+async def _loopback_status(headers: list[tuple[bytes, bytes]]) -> tuple[int, Any]:
+    app = Runtime(insecure_loopback_control=True).wrap(inner_app)
+    path, _, query = STATUS.partition("?")
+    answer = await call(
+        app,
+        method="GET",
+        path=path,
+        raw_path=path.encode("ascii"),
+        query_string=query.encode("ascii"),
+        headers=[(b"host", b"127.0.0.1:8000"), *headers],
+    )
+    return answer.status, answer.json()
+
+
+@pytest.mark.anyio
+async def test_direct_loopback_admitted_in_process() -> None:
+    """A loopback peer naming a loopback Host, with no proxy header, reaches the handler."""
+    status, body = await _loopback_status([])
+    assert (status, body["error"]) == (404, "RUNTIME_DRAIN_NOT_FOUND")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("name", "value"), PROXY_HEADERS)
+async def test_proxied_request_refused(name: str, value: str) -> None:
+    """A request a proxy on this host relayed (nginx's default ``proxy_pass`` to 127.0.0.1 adds
+    ``Via`` or ``X-Forwarded-Proto``) is not a loopback client: 401 ``RUNTIME_UNAUTHORIZED``."""
+    status, body = await _loopback_status([(name.encode("latin-1"), value.encode("latin-1"))])
+    assert (status, body["error"]) == (401, "RUNTIME_UNAUTHORIZED")
+    assert "proxied" in body["detail"]

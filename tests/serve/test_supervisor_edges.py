@@ -84,7 +84,8 @@ def test_sigterm_during_handover(
     start_supervised: StartSupervised, tmp_path: Path, when: str
 ) -> None:
     """Row 1: requests admitted by g (and, once it is ready, by g+1) all finish with 200 when
-    SIGTERM comes in the middle of the handover; the exit code is 0 and says drained."""
+    SIGTERM comes in the middle of the handover; the exit code is 0 and says drained, and the
+    log says which generations the stop drains."""
     mode_file, env = _handover_flags(tmp_path)
     served = start_supervised(
         "--handover-grace", "5s", "--drain-timeout", "15s", "--start-timeout", "20s",
@@ -109,6 +110,15 @@ def test_sigterm_during_handover(
     log = served.log()
     assert "supervisor.stopped drain=drained" in log
     assert "worker.forced" not in log
+    # The log says what the stop does with the handover (it said "generation 1 keeps serving").
+    assert "supervisor.handover_aborted" not in log
+    if when == "new generation ready":
+        assert "supervisor.handover_stopped handover=1: the stop drains generations 1, 2" in log
+    else:
+        assert (
+            "supervisor.handover_stopped handover=1: generation 2 never served and is stopped; "
+            "the stop drains generation 1"
+        ) in log
     killed = re.findall(
         r"supervisor\.worker_killed worker \d+ \(pid \d+\) of generation (\d+)", log
     )

@@ -80,7 +80,10 @@ _HANDOVER_DIGITS: Final = 9
 #: Longer than any nonce a drain can have (43 base64url characters): not found without a lookup.
 _NONCE_CHARS: Final = 64
 _LOOPBACK: Final = frozenset({"127.0.0.1", "::1"})
-_FORWARDING_HEADERS: Final = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-real-ip")
+#: The headers a reverse proxy adds (nginx's ``proxy_pass`` sends ``X-Forwarded-Proto`` or
+#: ``Via`` in common configurations): a request naming one was relayed, whatever its peer.
+_PROXY_HEADERS: Final = frozenset({b"forwarded", b"via", b"x-real-ip"})
+_PROXY_HEADER_PREFIX: Final = b"x-forwarded-"
 _LOOPBACK_HOST: Final = re.compile(r"(?:localhost|127\.0\.0\.1|\[::1\])(?::[0-9]{1,5})?", re.I)
 
 
@@ -424,25 +427,30 @@ def _require_direct_loopback(request: Request) -> None:
 
     ``scope["client"]`` is what the server says the peer is, and a server trusting proxy headers
     (uvicorn's ``ProxyHeadersMiddleware`` under ``FORWARDED_ALLOW_IPS``) rewrites it from
-    ``X-Forwarded-For``, so a request that names any forwarding header is refused: a direct
-    loopback client sends none, and one relayed by a proxy on this host is not local. The
+    ``X-Forwarded-For``, so a request that names any proxy header (``Forwarded``, ``Via``,
+    ``X-Real-IP`` or any ``X-Forwarded-*``) is refused: a direct loopback client sends none, and
+    one relayed by a proxy on this host (whose peer is 127.0.0.1) is not local. The
     ``Host`` must be a loopback name too, which a browser page reaching us through DNS
     rebinding cannot send.
     """
     client = request.client.host if request.client else ""
     if client not in _LOOPBACK:
         raise UnauthorizedError(detail="no control token is configured: loopback clients only")
-    headers = request.headers
-    if any(name in headers for name in _FORWARDING_HEADERS):
+    if any(_is_proxy_header(name) for name, _ in request.scope["headers"]):
         raise UnauthorizedError(
-            detail="no control token is configured: a proxied request (X-Forwarded-For, "
-            "Forwarded, X-Real-IP) is not a loopback client"
+            detail="no control token is configured: a proxied request (Forwarded, Via, "
+            "X-Real-IP, X-Forwarded-*) is not a loopback client"
         )
-    host = headers.get("host", "")
+    host = request.headers.get("host", "")
     if _LOOPBACK_HOST.fullmatch(host) is None:
         raise UnauthorizedError(
             detail="no control token is configured: the Host must be localhost, 127.0.0.1 or [::1]"
         )
+
+
+def _is_proxy_header(raw: bytes) -> bool:
+    name = raw.lower()
+    return name in _PROXY_HEADERS or name.startswith(_PROXY_HEADER_PREFIX)
 
 
 async def _not_supervised(request: Request) -> Response:

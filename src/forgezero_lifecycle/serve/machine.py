@@ -470,6 +470,9 @@ class HandoverEnded:
     detail: str | None = None
     #: How g's drain settled (a handover that is done): True drained, False failed.
     old_drained: bool | None = None
+    #: Ended by the stop (``detail`` says what the stop does with each generation), not
+    #: aborted with g serving on.
+    by_stop: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -719,9 +722,14 @@ class SupervisorMachine:
         if self.phase is Phase.HANDING_OVER:
             assert self._handover is not None
             assert self.new is not None
+            unserved = ""
             if not self._generations[self.new].accepted:  # n holds nothing: g serves alone
                 actions += self._stop_generation(self.new, short=True)
-            actions.append(HandoverEnded(self._handover, False, "the supervisor stopped"))
+                unserved = f"generation {self.new} never served and is stopped; "
+            drained = [str(n) for n, g in sorted(self._generations.items()) if g.accepted]
+            plural = "s" if len(drained) > 1 else ""
+            what = f"{unserved}the stop drains generation{plural} {', '.join(drained)}"
+            actions.append(HandoverEnded(self._handover, False, what, by_stop=True))
             self._handover, self.old, self.new, self.step = None, None, None, None
         self.phase = Phase.STOPPING
         for number, generation in sorted(self._generations.items()):

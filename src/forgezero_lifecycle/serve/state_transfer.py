@@ -8,6 +8,12 @@ that has no handoff token is refused before g is touched (logged; g keeps servin
 refusal is :func:`~forgezero_lifecycle.serve.machine.state_refusal`). The new
 generation serves while the state is on its way: an adapter's import must merge with what the
 new worker did meanwhile (a counter adds).
+
+One deadline bounds each worker's transfer: the drain's (``--drain-timeout``). The new worker's
+import (the fetch of the export, however slow the old worker's adapter, and the import) gives
+up when it passes, and the supervisor waits for its answer that long plus the channel's usual
+bound (:func:`~forgezero_lifecycle.serve.worker_handle.answer_bound`), so an export that
+arrives in time is never logged as failed.
 """
 
 from __future__ import annotations

@@ -389,9 +389,13 @@ class Supervisor:
                 record.to_generation = new
                 self._records[handover] = record
                 logger.info("supervisor.handover_begin from=%d to=%d", old, new)
-            case m.HandoverEnded(number=handover, done=done, detail=detail, old_drained=drained):
+            case m.HandoverEnded(
+                number=handover, done=done, detail=detail, old_drained=drained, by_stop=by_stop
+            ):
                 old_drain = "drained" if drained else "failed" if drained is False else "none"
-                self._end_handover(handover, done=done, detail=detail, old_drain=old_drain)
+                self._end_handover(
+                    handover, done=done, detail=detail, old_drain=old_drain, by_stop=by_stop
+                )
             case m.Refused(why=why):
                 logger.warning("supervisor.reload_refused: %s", why)
             case m.Exit(code=code, outcome=outcome):
@@ -430,7 +434,13 @@ class Supervisor:
             on_drain=self._drain_changed,
             on_failure=self._handler_failed,
         )
-        forwarded = ForwardedControl(generation, on_reload=self.reload, handovers=self.handovers)
+        forwarded = ForwardedControl(
+            generation,
+            on_reload=self.reload,
+            handovers=self.handovers,
+            serving=lambda: self.current,
+            known=lambda: tuple(self._generations.values()),
+        )
         generation.connect(forwarded.answer)
         self._generations[number] = generation
         return generation
@@ -547,10 +557,16 @@ class Supervisor:
                 logger.error("supervisor.worker_killed %s: not stopped in time", worker.name)
                 worker.signal(signal.SIGKILL)
 
-    def _end_handover(self, number: int, *, done: bool, detail: str | None, old_drain: str) -> None:
+    def _end_handover(
+        self, number: int, *, done: bool, detail: str | None, old_drain: str, by_stop: bool
+    ) -> None:
         record = self._records.pop(number)
-        record.end("done" if done else "aborted", detail)
         seconds = time.monotonic() - self._began_handover
+        if by_stop:  # the stop takes over every generation: nothing keeps serving
+            record.end("aborted", f"the supervisor stopped: {detail}")
+            logger.info("supervisor.handover_stopped handover=%d: %s", number, detail)
+            return
+        record.end("done" if done else "aborted", detail)
         if done:
             logger.info(
                 "supervisor.handover_done from=%d to=%s old_drain=%s seconds=%.2f",

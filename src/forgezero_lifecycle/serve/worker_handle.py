@@ -30,7 +30,8 @@ __all__ = ["COMMAND_TIMEOUT", "WorkerHandle", "exit_reason"]
 
 logger = logging.getLogger("forgezero_lifecycle.serve.supervisor")
 
-#: How long a worker may take to answer one command on its channel.
+#: How long a worker may take to answer one command on its channel, after the deadline the
+#: command carries, if any (:func:`answer_bound`).
 COMMAND_TIMEOUT: Final = 10.0
 
 #: Answers a forwarded control call: ``answer(call, args)`` → ``{"status", "headers", "body"}``.
@@ -205,7 +206,7 @@ class WorkerHandle:
         if self.channel is None or self.exited.is_set():
             return {"error": "RUNTIME_WORKER_GONE"}
         try:
-            answer = await self.channel.request(op, timeout=COMMAND_TIMEOUT, **fields)
+            answer = await self.channel.request(op, timeout=answer_bound(fields), **fields)
         except (ChannelClosedError, TimeoutError):
             return {"error": "RUNTIME_WORKER_GONE"}
         except MessageTooLargeError:
@@ -230,4 +231,13 @@ class WorkerHandle:
         return found
 
 
-__all__ += ["Answer", "DrainReport", "HandlerFailed"]
+def answer_bound(fields: dict[str, Any]) -> float:
+    """How long the supervisor waits for the answer to a command with ``fields``: a command
+    that carries its own deadline (``timeoutMs``: a state import, bounded by the drain's
+    deadline) is answered once that has passed, so :data:`COMMAND_TIMEOUT` counts after it."""
+    deadline = fields.get("timeoutMs")
+    own = deadline / 1000 if isinstance(deadline, int) and deadline > 0 else 0.0
+    return own + COMMAND_TIMEOUT
+
+
+__all__ += ["Answer", "DrainReport", "HandlerFailed", "answer_bound"]

@@ -147,6 +147,7 @@ def _paths() -> dict[str, Any]:
                         "RUNTIME_DRAIN_ALREADY_STARTED",
                         "RUNTIME_DRAIN_REVISION_MISMATCH",
                         "RUNTIME_DRAIN_SHARED_LISTENER",
+                        "RUNTIME_DRAIN_GENERATION_RETIRING",
                     ),
                 },
             )
