@@ -184,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     reload.add_argument("--json", action="store_true", help="print the final status as JSON")
     ready = command("ready", "probe readiness (exit 0 ready, 1 draining)")
     ready.add_argument("--url", required=True)
+    ready.add_argument(
+        "--wait",
+        type=serve.parse_duration,
+        metavar="DURATION",
+        help="probe until ready, at most this long; then say why it gave up (exit 4)",
+    )
 
     serve.add_arguments(command("serve", "run APP under uvicorn; SIGTERM drains it, then it exits"))
     demo.add_arguments(command("demo", "run two generations on loopback and hand over under load"))
