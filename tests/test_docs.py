@@ -30,3 +30,26 @@ def test_wire_table_paths() -> None:
         written |= {PREFIX + path for path in routes}
     defined = {getattr(paths, name) for name in dir(paths) if name.endswith("_PATH")}
     assert written == defined
+
+
+API_PAGE: Final = (ROOT / "docs" / "api.md").read_text()
+
+
+def test_api_reference_public_paths() -> None:
+    """The API reference documents names under their public import paths, Runtime first."""
+    documented = re.findall(r"^::: ([\w.]+)$", API_PAGE, re.MULTILINE)
+    assert documented[0] == "forgezero_lifecycle.Runtime"
+    private = [path for path in documented if any(p.startswith("_") for p in path.split("."))]
+    assert not private, private
+
+
+def test_runtime_parameters_documented() -> None:
+    """Every parameter of Runtime's constructor has a line in its Args section."""
+    import inspect
+
+    from forgezero_lifecycle import Runtime
+
+    docstring = inspect.getdoc(Runtime.__init__) or ""
+    args = docstring[docstring.index("Args:") : docstring.index("Raises:")]
+    described = set(re.findall(r"^    (\w+):", args, re.MULTILINE))
+    assert described == set(inspect.signature(Runtime).parameters)
