@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from importlib.metadata import requires
 from pathlib import Path
 from typing import Final
@@ -67,9 +68,12 @@ def test_quick_start_is_k8s_example() -> None:
 
 
 def test_one_install_line() -> None:
-    """pip install '.[EXTRA]': the library's own requirements and the extra's cover main.py."""
+    """A venv, then pip install -e '.[EXTRA]': the library's requirements and the extra's cover
+    main.py; the published form is named too."""
     (install, *_) = blocks(QUICK_START, "console")
-    (extra,) = re.findall(r"^pip install '\.\[(\w+)\]'$", install, re.MULTILINE)
+    assert install.startswith("python3 -m venv .venv && . .venv/bin/activate\n")
+    (extra,) = re.findall(r"^pip install -e '\.\[(\w+)\]'$", install, re.MULTILINE)
+    assert f"pip install 'forgezero-lifecycle[{extra}]'" in QUICK_START
     brought = {"forgezero_lifecycle"}
     for line in requires("forgezero-lifecycle") or []:
         requirement = Requirement(line)
@@ -87,21 +91,50 @@ def test_one_install_line() -> None:
     assert not missing, missing
 
 
+def _git(cwd: Path, *commands: list[str]) -> None:
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    for command in commands:
+        subprocess.run([*git, *command], cwd=cwd, check=True, capture_output=True)
+
+
 @pytest.mark.server
-def test_quick_start_runs(tmp_path: Path) -> None:
-    """main.py in a git repository, then the commands in one shell: serve, drain, SIGTERM."""
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "uncommitted"])
+def test_quick_start_runs(tmp_path: Path, committed: bool) -> None:
+    """main.py in a git repository, committed or not, then the commands in one shell: serve,
+    drain, SIGTERM; the revision is the commit once there is one."""
     _install, start, drain = blocks(QUICK_START, "console")
     (code,) = blocks(QUICK_START, "python")
     assert "forgezero-lifecycle serve main:app" in start
     (tmp_path / "main.py").write_text(code)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
-    for command in (["init", "-q"], ["add", "main.py"], ["commit", "-q", "-m", "main"]):
-        subprocess.run([*git, *command], cwd=tmp_path, check=True, capture_output=True)
+    _git(tmp_path, ["init", "-q"], ["add", "main.py"])
+    if committed:
+        _git(tmp_path, ["commit", "-q", "-m", "main"])
     port = str(free_port())
-    code, out = run_shell((start + drain).replace("8000", port), tmp_path, clean_env())
+    script = (start + 'echo "revision=$FORGEZERO_REVISION"\n' + drain).replace("8000", port)
+    code, out = run_shell(script, tmp_path, clean_env())
     assert code == 0, out
-    assert re.search(r"^drained\s+http=0", out, re.MULTILINE), out  # the CLI's result line
+    # the CLI's result line, once (the progress line repeated it)
+    assert len(re.findall(r"^drained\s+http=0", out, re.MULTILINE)) == 1, out
     assert "serve.stopped drain=drained" in out, out  # SIGTERM: serve exits after the drain
+    (revision,) = re.findall(r"^revision=([0-9a-f]{40})$", out, re.MULTILINE)
+    if committed:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True, check=True
+        )
+        assert revision == head.stdout.strip()
+
+
+@pytest.mark.server
+def test_quick_start_wait_gives_up(tmp_path: Path) -> None:
+    """serve exits (no main.py here): the start commands end within their 10 s wait, exit 4,
+    and say why, instead of waiting forever."""
+    _install, start, _drain = blocks(QUICK_START, "console")
+    started = time.monotonic()
+    code, out = run_shell(start.replace("8000", str(free_port())), tmp_path, clean_env())
+    assert code == 4, out
+    assert "not ready after 10s" in out, out
+    assert "RUNTIME_UNREACHABLE" in out, out
+    assert time.monotonic() - started < 60  # 10 s of waiting, on a loaded machine
 
 
 def test_guide_shows_servers() -> None:

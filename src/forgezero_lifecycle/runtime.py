@@ -103,6 +103,39 @@ class Runtime:
         metrics: CollectorRegistry | None = None,
         handoff_pauses_collector: bool = False,
     ) -> None:
+        """Build a generation's runtime; a setting that could never work raises here.
+
+        Args:
+            control_token: The control plane's bearer token (at least 16 RFC 6750 bearer
+                characters); required unless `insecure_loopback_control` is true.
+            handoff_token: The token of `GET state/v1/export`: exactly 43 base64url
+                characters, different from the control token; None serves no export.
+            revision: The full 40-hex commit this code was built from; a drain (or an export)
+                for another `sourceRevision` is refused with 409.
+            state_adapter: A `StateAdapter`: enables the `state/v1` endpoints.
+            not_ready_grace: Seconds readiness is off before intake closes.
+            stream_grace: Seconds before open WebSockets and streams are ended.
+            stream_notice_spread: Seconds over which that notice is spread, so clients do not
+                all reconnect in the same instant (0 to 3,600).
+            websocket_close_code: The close code of that notice (1012, "service restart");
+                1005, 1006, 1015 and reserved codes are refused.
+            retry_after: The `Retry-After` seconds of a refused request's 503.
+            exempt: `scope -> bool`: paths neither counted nor refused (e.g. `/metrics`).
+            insecure_loopback_control: Development only: no token, loopback clients only.
+            drain_on_signal: Under uvicorn, hypercorn or gunicorn, SIGTERM and SIGINT drain
+                first, then the server stops.
+            signal_drain_timeout: That drain's deadline, 0.1 to 600 seconds.
+            clock: The monotonic clock (tests pass a manual one).
+            openapi: Serve `GET /.forgezero/runtime/openapi.json`, without a token.
+            metrics: A `prometheus_client` registry: serve it at
+                `GET /.forgezero/runtime/metrics`, without a token.
+            handoff_pauses_collector: Pause the garbage collector while a handoff's state is
+                imported ([The garbage collector](handoff-collector.md)).
+
+        Raises:
+            ConfigurationError: A setting that could never work (a short revision, a handoff
+                token the wire cannot carry, an example's placeholder token...), naming the fix.
+        """
         if control_token is None and not insecure_loopback_control:
             raise ConfigurationError(
                 detail="a control token is required (or insecure_loopback_control=True for "

@@ -156,3 +156,14 @@ def test_timeout_out_of_bounds(
     assert "too short: a deadline is at least 100ms" in result.err or (
         "too long: a deadline is at most 10m" in result.err
     )
+
+
+def test_ready_wait_gives_up_saying_why(
+    capsys: pytest.CaptureFixture[str], closed_url: str
+) -> None:
+    """`ready --wait` against a port nobody listens on gives up after the wait, exit 4, naming
+    the refused connection (a start-up script's wait cannot spin forever)."""
+    result = run(capsys, "ready", "--url", closed_url, "--wait", "300ms")
+    assert result.code == 4, result
+    assert "not ready after 0.3s" in result.err
+    assert "RUNTIME_UNREACHABLE" in result.err

@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
+from forgezero_lifecycle import __version__
 from forgezero_lifecycle.cli.commands import export_url
+from forgezero_lifecycle.cli.main import build_parser
 from forgezero_lifecycle.cli.output import EXIT_FAILED, Progress, report, summary
 from forgezero_lifecycle.serve import parse_duration
 from forgezero_lifecycle.wire.drain import DrainStatus
@@ -135,7 +137,65 @@ def test_help_lists_exit_codes() -> None:
         "1  failed",
         "2  usage",
         "3  control plane unreachable",
-        "4  not settled",
+        "4  gave up waiting",
     ):
         assert code in result.stdout
     assert "FORGEZERO_CONTROL_TOKEN" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("settled", "terminal"), [(s, t) for s in ("drained", "failed") for t in (False, True)]
+)
+def test_settled_status_printed_once(settled: str, terminal: bool) -> None:
+    """The settled status is not a progress line: report() prints it, once (it was printed by
+    both, one after the other)."""
+    stream = _Terminal() if terminal else io.StringIO()
+    progress = Progress(stream, deadline=30)
+    progress.drain(DrainStatus.model_validate(STATUS))
+    progress.drain(DrainStatus.model_validate({**STATUS, "status": settled}))
+    progress.close()
+    assert settled not in stream.getvalue()
+    assert "draining" in stream.getvalue()
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    (commands,) = (
+        action
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    return dict(commands.choices)
+
+
+def test_every_flag_has_help() -> None:
+    """Every flag of every subcommand says what it is in --help (the hidden --retries aside)."""
+    missing = [
+        f"{name} {action.option_strings or action.dest}"
+        for name, parser in _subcommands().items()
+        for action in parser._actions
+        if not action.help
+    ]
+    assert not missing, missing
+
+
+def test_epilogues_per_subcommand() -> None:
+    """Each subcommand's --help lists its own exit codes and environment, not another's."""
+    parsers = _subcommands()
+    epilogs = {name: parser.epilog or "" for name, parser in parsers.items()}
+    assert len(set(epilogs.values())) == len(epilogs)  # no epilogue repeated
+    assert "FORGEZERO_CONTROL_TOKEN" not in epilogs["ready"]
+    assert "4  not ready within --wait" in epilogs["ready"]
+    assert "rolled back" in epilogs["rollback"]
+    assert "  4" not in epilogs["rollback"]
+    assert "FORGEZERO_HANDOFF_TOKEN" in epilogs["handoff"]
+    assert "FORGEZERO_HANDOFF_TOKEN" not in epilogs["drain"]
+    for grace in ("FORGEZERO_NOT_READY_GRACE", "FORGEZERO_STREAM_GRACE"):
+        assert grace in epilogs["serve"]
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    """`forgezero-lifecycle --version` prints the installed version."""
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"forgezero-lifecycle {__version__}\n"

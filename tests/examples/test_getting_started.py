@@ -1,17 +1,16 @@
 """docs/getting-started.md runs as written: its app, then its commands in one shell.
 
-The app (examples/quickstart/main.py, which the page includes as it is, and the README shows) is
-saved as ``main.py`` in a git repository of its own; the page's commands then run in order: serve
-on a free port, a drain begun and followed with ``curl``, rolled back, drained again with the
-CLI, and SIGTERM. Substituted: the port, and the ``pip install`` lines (the test environment has
-the extras).
+The app (examples/quickstart/main.py, shown on the page as it is, and in the README) is saved as
+``main.py`` with the page's WebSocket route after it, and the WebSocket client as
+``ws_client.py``; the page's commands then run in order: serve on a free port, a drain begun and
+followed with ``curl``, rolled back, a WebSocket opened and drained with the CLI (it gets 1012),
+and SIGTERM. Substituted: the port, and the install lines (the test environment has the extras).
+The server tabs are not run here: tests/real_servers start uvicorn, gunicorn and hypercorn.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Final
 
@@ -25,23 +24,43 @@ ROOT: Final = Path(__file__).resolve().parents[2]
 PAGE: Final = (ROOT / "docs" / "getting-started.md").read_text()
 
 
+def blocks(language: str) -> list[str]:
+    """The page's unindented ``language`` blocks (those inside a server's tab are indented)."""
+    return re.findall(rf"^```{language}\n(.*?)^```$", PAGE, re.MULTILINE | re.DOTALL)
+
+
+def test_app_is_the_quick_start() -> None:
+    """The page shows examples/quickstart/main.py whole, not an include line."""
+    app, *_ = blocks("python")
+    assert app == (ROOT / "examples" / "quickstart" / "main.py").read_text()
+
+
+def test_install_from_checkout() -> None:
+    """A venv first, then installs from the checkout (the published form only in prose)."""
+    install, *_ = blocks("console")
+    lines = install.strip().splitlines()
+    assert lines[0] == "python3 -m venv .venv && . .venv/bin/activate"
+    assert all(line.startswith("pip install") for line in lines[1:])
+    assert "pip install -e '.[fastapi]'" in lines
+
+
 @pytest.mark.server
 def test_commands_run_as_written(tmp_path: Path) -> None:
-    """The getting-started commands run as written."""
-    assert '--8<-- "examples/quickstart/main.py"' in PAGE
-    shutil.copy(ROOT / "examples" / "quickstart" / "main.py", tmp_path / "main.py")
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
-    for command in (["init", "-q"], ["add", "main.py"], ["commit", "-q", "-m", "main"]):
-        subprocess.run([*git, *command], cwd=tmp_path, check=True, capture_output=True)
-    blocks = re.findall(r"^```console\n(.*?)^```$", PAGE, re.MULTILINE | re.DOTALL)
-    install, *commands = blocks
-    assert all(line.startswith("pip install") for line in install.strip().splitlines())
-    assert len(commands) == 5  # start, drain with curl, rollback, drain with the CLI, stop
+    """The getting-started commands run as written, main.py left uncommitted."""
+    app, route, client = blocks("python")
     port = str(free_port())
+    (tmp_path / "main.py").write_text(app + "\n\n" + route)
+    (tmp_path / "ws_client.py").write_text(client.replace("8000", port))
+    _install, *commands = blocks("console")
+    # start, drain with curl, rollback, a WebSocket and the CLI's drain, stop
+    assert len(commands) == 5
     code, out = run_shell("".join(commands).replace("8000", port), tmp_path, clean_env())
     assert code == 0, out
+    assert re.search(r"^ready$", out, re.MULTILINE), out  # ready --wait
     assert '{"accepted":true,"duplicate":false}' in out, out  # begin, with curl
     assert re.search(r'"status":"drain(ing|ed)"', out), out  # its status, with curl
     assert '"status":"rolled-back"' in out, out
-    assert re.search(r"drained\s+http=0 websocket=0 jobs=0 schedules=0", out), out  # the CLI
+    assert re.search(r"^drained\s+http=0 websocket=0 jobs=0 schedules=0", out, re.M), out
+    assert "echoed hello" in out, out
+    assert "closed 1012 draining" in out, out
     assert "serve.stopped drain=drained" in out, out

@@ -10,15 +10,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Final, TypeVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from .. import _tokens as tokens
+from .._errors import ControlUnreachableError
 from ..client import ControlClient, drain_request, handoff_request
 from ..wire import paths
-from .output import EXIT_FAILED, EXIT_OK, Progress, handover_summary, printable, report
+from .output import (
+    EXIT_FAILED,
+    EXIT_GAVE_UP,
+    EXIT_OK,
+    Progress,
+    fail,
+    handover_summary,
+    printable,
+    report,
+)
 
 __all__ = ["COMMANDS", "RELOAD_WAIT", "WAIT_MARGIN", "UsageError", "export_url", "read_token"]
 
@@ -26,6 +37,8 @@ S = TypeVar("S")
 
 #: Waiting goes on this long past the deadline the server enforces, unless --wait-timeout says.
 WAIT_MARGIN: Final = 10.0
+#: How often ``ready --wait`` probes.
+READY_POLL: Final = 0.2
 #: How long ``reload`` waits for its handover by default: the new workers' start, the old
 #: generation's drain and stop are the supervisor's settings, which the client does not know.
 RELOAD_WAIT: Final = 300.0
@@ -161,10 +174,33 @@ async def _reload(args: argparse.Namespace) -> int:
 
 
 async def _ready(args: argparse.Namespace) -> int:
+    if args.wait is not None:
+        return await _wait_ready(args.url, args.wait)
     async with ControlClient(args.url, retries=args.retries) as client:
         ready = await client.ready()
     print("ready" if ready else "not ready (draining)")
     return EXIT_OK if ready else EXIT_FAILED
+
+
+async def _wait_ready(url: str, seconds: float) -> int:
+    """``ready --wait``: probe until ready; past ``seconds``, say why it gave up (exit 4).
+
+    A start-up script's wait that cannot spin forever: a server that exited (a bad revision, an
+    app that does not import) leaves a refused connection, which is the reason printed.
+    """
+    deadline = time.monotonic() + seconds
+    async with ControlClient(url, retries=0) as client:
+        while True:
+            try:
+                if await client.ready():
+                    print("ready")
+                    return EXIT_OK
+                reason = "not ready (draining)"
+            except ControlUnreachableError as error:
+                reason = str(error)
+            if time.monotonic() >= deadline:
+                return fail(EXIT_GAVE_UP, f"not ready after {seconds:g}s: {reason}")
+            await asyncio.sleep(READY_POLL)
 
 
 COMMANDS: Final[dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]]] = {

@@ -21,24 +21,73 @@ from .._errors import (
     StateInputInvalidError,
     UnauthorizedError,
 )
+from .._version import __version__
 from ..wire._types import first_problem, is_nonce
 from .commands import COMMANDS, RELOAD_WAIT, WAIT_MARGIN, UsageError
 from .output import EXIT_FAILED, EXIT_GAVE_UP, EXIT_UNREACHABLE, EXIT_USAGE, fail
 
 __all__ = ["build_parser", "main"]
 
-EXIT_CODES_HELP: Final = """\
-exit codes:
-  0  drained / acknowledged / rolled back / ready
-  1  failed (the failure code is printed), not ready, or refused by the server
-  2  usage: bad flags or values, missing token
-  3  control plane unreachable or unauthorized
-  4  not settled: gave up waiting (the drain or handoff goes on), or `status` says draining
+_TOKEN_ENV: Final = (
+    "  FORGEZERO_CONTROL_TOKEN   bearer token of the control plane (or --token-file)\n"
+)
+_USAGE_EXITS: Final = (
+    "  2  usage: bad flags or values, missing token\n"
+    "  3  control plane unreachable or unauthorized\n"
+)
 
-environment:
-  FORGEZERO_CONTROL_TOKEN   bearer token of the control plane (drain, status, rollback, handoff)
-  FORGEZERO_HANDOFF_TOKEN   the old generation's handoff token (handoff, serve)
+
+def _epilog(exits: str, environment: str = _TOKEN_ENV) -> str:
+    """A subcommand's ``--help`` epilogue: its own exit codes, then the variables it reads."""
+    text = "exit codes:\n" + exits
+    return text + ("\nenvironment:\n" + environment if environment else "")
+
+
+#: Each subcommand's exit codes and environment (``serve`` and ``demo`` write their own).
+EPILOGS: Final = {
+    "drain": _epilog(
+        "  0  drained (with --no-wait: begun)\n"
+        "  1  failed (the failure code is printed), or refused by the server\n"
+        + _USAGE_EXITS
+        + "  4  gave up waiting (--wait-timeout); the drain goes on\n"
+    ),
+    "status": _epilog(
+        "  0  drained\n"
+        "  1  failed or rolled back, or refused by the server\n"
+        + _USAGE_EXITS
+        + "  4  still draining\n"
+    ),
+    "rollback": _epilog(
+        "  0  rolled back: the generation serves again\n  1  refused by the server\n" + _USAGE_EXITS
+    ),
+    "handoff": _epilog(
+        "  0  acknowledged (with --no-wait: begun)\n"
+        "  1  failed (the failure code is printed), or refused by the server\n"
+        + _USAGE_EXITS
+        + "  4  gave up waiting (--wait-timeout); the handoff goes on\n",
+        _TOKEN_ENV + "  FORGEZERO_HANDOFF_TOKEN   the old generation's handoff token "
+        "(or --handoff-token-file)\n",
+    ),
+    "reload": _epilog(
+        "  0  done: the new generation serves (with --no-wait: begun)\n"
+        "  1  aborted, or refused by the server\n"
+        + _USAGE_EXITS
+        + "  4  gave up waiting (--wait-timeout); the handover goes on\n"
+    ),
+    "ready": _epilog(
+        "  0  ready\n  1  not ready (draining)\n  2  usage: bad flags or values\n"
+        "  3  unreachable\n  4  not ready within --wait (the reason is printed)\n",
+        environment="",
+    ),
+}
+
+TOP_EPILOG: Final = """\
+Each command's --help lists its exit codes and the environment it reads. Tokens come from the
+environment or a file, never from a flag.
 """
+
+
+_URL_HELP: Final = "base URL of the generation (http://host:port)"
 
 
 def _nonce(text: str) -> str:
@@ -91,9 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="forgezero-lifecycle",
         description="Hand an ASGI service over to its next generation with nothing lost.",
-        epilog=EXIT_CODES_HELP,
+        epilog=TOP_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    top.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
@@ -101,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
             name,
             help=help,
             description=help,
-            epilog=EXIT_CODES_HELP,
+            epilog=EPILOGS.get(name),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         if name not in ("serve", "demo"):
@@ -117,17 +167,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     drain = command("drain", "begin a drain and wait until it is drained or failed")
     drain.add_argument("--url", required=True, help="base URL of the generation to drain")
-    drain.add_argument("--source-revision", required=True, type=serve.parse_revision, metavar="REV")
-    drain.add_argument("--target-revision", required=True, type=serve.parse_revision, metavar="REV")
+    drain.add_argument(
+        "--source-revision",
+        required=True,
+        type=serve.parse_revision,
+        metavar="REV",
+        help="the draining generation's revision (40 hex); another is refused",
+    )
+    drain.add_argument(
+        "--target-revision",
+        required=True,
+        type=serve.parse_revision,
+        metavar="REV",
+        help="the revision taking over (40 hex)",
+    )
     status = command("status", "show a drain's status (the running drain's without --nonce)")
-    status.add_argument("--url", required=True)
+    status.add_argument("--url", required=True, help=_URL_HELP)
     status.add_argument(
         "--nonce", type=_nonce, help="the drain to show; default the running one (nonce shown)"
     )
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     rollback = command("rollback", "return a draining, drained or failed generation to serving")
-    rollback.add_argument("--url", required=True)
-    rollback.add_argument("--nonce", required=True, type=_nonce)
+    rollback.add_argument("--url", required=True, help=_URL_HELP)
+    rollback.add_argument(
+        "--nonce", required=True, type=_nonce, help="the drain to roll back (drain prints it)"
+    )
     rollback.add_argument("--json", action="store_true", help="print the status as JSON")
     handoff = command("handoff", "make the new generation fetch and import the old one's state")
     handoff.add_argument("--to", required=True, metavar="URL", help="base URL of the new one")
@@ -138,12 +202,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="the old generation's base URL or full export URL (loopback)",
     )
     handoff.add_argument("--protocol", required=True, help="the state adapter's protocol")
-    handoff.add_argument("--schema-version", required=True, type=int, metavar="V")
     handoff.add_argument(
-        "--source-revision", required=True, type=serve.parse_revision, metavar="REV"
+        "--schema-version",
+        required=True,
+        type=int,
+        metavar="V",
+        help="the state's schema version both generations' adapters agree on",
     )
     handoff.add_argument(
-        "--target-revision", required=True, type=serve.parse_revision, metavar="REV"
+        "--source-revision",
+        required=True,
+        type=serve.parse_revision,
+        metavar="REV",
+        help="the old generation's revision (40 hex)",
+    )
+    handoff.add_argument(
+        "--target-revision",
+        required=True,
+        type=serve.parse_revision,
+        metavar="REV",
+        help="the new generation's revision (40 hex)",
     )
     handoff.add_argument(
         "--handoff-token-file",
@@ -170,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     reload = command(
         "reload", "serve --workers: hand over to a new generation (as SIGHUP) and wait until done"
     )
-    reload.add_argument("--url", required=True)
+    reload.add_argument("--url", required=True, help="base URL of serve --workers")
     reload.add_argument(
         "--no-wait", action="store_true", help="begin the handover and return at once"
     )
@@ -183,7 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reload.add_argument("--json", action="store_true", help="print the final status as JSON")
     ready = command("ready", "probe readiness (exit 0 ready, 1 draining)")
-    ready.add_argument("--url", required=True)
+    ready.add_argument("--url", required=True, help=_URL_HELP)
+    ready.add_argument(
+        "--wait",
+        type=serve.parse_duration,
+        metavar="DURATION",
+        help="probe until ready, at most this long; then say why it gave up (exit 4)",
+    )
 
     serve.add_arguments(command("serve", "run APP under uvicorn; SIGTERM drains it, then it exits"))
     demo.add_arguments(command("demo", "run two generations on loopback and hand over under load"))

@@ -43,7 +43,11 @@ _OK_STATES: Final = frozenset({"drained", "acknowledged"})
 
 
 class Progress:
-    """While waiting: one live line on a TTY, one line per change elsewhere."""
+    """While waiting: one live line on a TTY, one line per change elsewhere.
+
+    Only the states still in motion are shown: the settled one is the result line
+    :func:`report` prints, once.
+    """
 
     def __init__(self, stream: TextIO, *, deadline: float) -> None:
         self._stream = stream
@@ -54,13 +58,16 @@ class Progress:
         self._live = False
 
     def drain(self, status: DrainStatus) -> None:
-        self._show(f"{status.status}  {_counters(status.in_flight.model_dump())}")
+        if status.status == "draining":
+            self._show(f"{status.status}  {_counters(status.in_flight.model_dump())}")
 
     def handoff(self, status: StateHandoffStatus) -> None:
-        self._show(status.status)
+        if status.status == "pending":
+            self._show(status.status)
 
     def handover(self, status: HandoverStatus) -> None:
-        self._show(f"{status.state}  {_generations(status)}")
+        if status.state == "running":
+            self._show(f"{status.state}  {_generations(status)}")
 
     def _show(self, line: str) -> None:
         clock = f"{time.monotonic() - self._started:.1f}s / {self._deadline:g}s"

@@ -115,7 +115,8 @@ environment:
   FORGEZERO_CONTROL_TOKEN, FORGEZERO_HANDOFF_TOKEN   tokens of a runtime serve builds itself
   FORGEZERO_REVISION          the revision when --revision is absent (e.g. the Kubernetes
                               downward API); set from --revision otherwise, for the app to read
-  FORGEZERO_NOT_READY_GRACE   set from the flag, for the app to read
+  FORGEZERO_NOT_READY_GRACE   set from --not-ready-grace, for the app to read
+  FORGEZERO_STREAM_GRACE      set from --stream-grace, for the app to read
   LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES   systemd socket activation: serve on these sockets
 
 signals (with --workers; FORGEZERO_REVISION and the graces are then set per generation):
@@ -183,17 +184,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="at the stop, connections with no request yet wait this long for one (default "
         f"{_seconds(default['first_byte_grace'])})",
     )
-    add("--handoff-token-file", type=Path, metavar="PATH")
+    add(
+        "--handoff-token-file",
+        type=Path,
+        metavar="PATH",
+        help="read the handoff token of a runtime serve builds itself from PATH, not the "
+        "environment",
+    )
     add(
         "--insecure-loopback-control",
         action="store_true",
         help="no control token: admit loopback control clients only (development)",
     )
-    add("--http", default=default["http"], choices=("auto", "h11", "httptools"))
-    add("--ws", default=default["ws"])
-    add("--root-path", default=default["root_path"])
-    add("--log-level", default=default["log_level"])
-    add("--no-access-log", action="store_true")
+    add(
+        "--http",
+        default=default["http"],
+        choices=("auto", "h11", "httptools"),
+        help=f"uvicorn's HTTP implementation (default: {default['http']})",
+    )
+    add(
+        "--ws",
+        default=default["ws"],
+        metavar="IMPL",
+        help="uvicorn's WebSocket implementation: auto, websockets, wsproto or none (default: "
+        f"{default['ws']})",
+    )
+    add(
+        "--root-path",
+        default=default["root_path"],
+        metavar="PATH",
+        help="the ASGI root_path, when a proxy serves the app under a path prefix",
+    )
+    add(
+        "--log-level",
+        default=default["log_level"],
+        metavar="LEVEL",
+        help=f"uvicorn's log level: critical, error, warning, info, debug or trace (default: "
+        f"{default['log_level']})",
+    )
+    add("--no-access-log", action="store_true", help="no line per request")
     add(
         "--app-dir",
         default=default["app_dir"],
