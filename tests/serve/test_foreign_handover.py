@@ -32,6 +32,7 @@ import anyio
 import httpx
 import pytest
 
+from forgezero_lifecycle._internals.uvicorn import reload_waits_for_ready
 from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, popen_logged
 from tests.reliability._load import HttpLoad, LateSenders, Router, Target
 from tests.reliability._records import ServerRecords
@@ -170,6 +171,7 @@ async def _live(url: str) -> bool:
 async def test_foreign_reloads_lose_nothing(tmp_path: Path, kind: str, run: int) -> None:
     """Two reloads of a foreign server: 0 lost, 0 refused, 0 refused connections; a clean final
     stop."""
+    _needs_a_reload_that_waits(kind)
     result = await reload_twice_under_load(kind, tmp_path, seed=78 + run)
     report(
         f"foreign-handover-{kind}",
@@ -310,6 +312,18 @@ async def final_stop_under_load(
     }
 
 
+def _needs_a_reload_that_waits(kind: str) -> None:
+    """``uvicorn --workers``' promises need a uvicorn whose reload starts the new worker and
+    waits until it is ready before it stops the old one (0.55 does, 0.30 of make test-oldest
+    does not: 1 keep-alive request of ~5,000 lost in 1 of 3 reload runs there, and a worker
+    cannot tell the final stop from a reload); docs/servers.md says so."""
+    if kind == "uvicorn-workers" and not reload_waits_for_ready():
+        pytest.skip(
+            "this uvicorn's reload stops the old worker before the new one is ready "
+            "(docs/servers.md: uvicorn --workers)"
+        )
+
+
 def _workers(parent: int) -> set[int]:
     """The server's workers: its children but multiprocessing's resource tracker."""
     found = set()
@@ -329,6 +343,7 @@ def _one_port(url: str, clients: int) -> Router:
 async def test_final_stop_under_load_refuses_and_loses_nothing(kind: str, tmp_path: Path) -> None:
     """A reload, then the final stop while clients keep sending: every request is answered or
     refused (503, or a refused connection), none after it was sent; nothing refused before."""
+    _needs_a_reload_that_waits(kind)
     result = await final_stop_under_load(kind, tmp_path, seed=300)
     report(f"foreign-final-stop-{kind}", **{k: v for k, v in result.items() if k != "log"})
     assert result["problems"] == [], result
@@ -339,7 +354,7 @@ async def test_final_stop_under_load_refuses_and_loses_nothing(kind: str, tmp_pa
 
 
 @pytest.mark.timeout(scale(120, 600))
-async def test_worker_stopped_while_starting_refuses_nothing(tmp_path: Path) -> None:
+async def test_gunicorn_worker_stopped_while_starting_refuses_nothing(tmp_path: Path) -> None:
     """gunicorn: a new worker that gets SIGTERM during its start-up hands over once it serves,
     instead of draining at once and then accepting with intake closed (503 before the stop)."""
     result = await final_stop_under_load(

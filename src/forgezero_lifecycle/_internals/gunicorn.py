@@ -6,7 +6,9 @@ gunicorn and uvicorn-worker beyond their documented API, in one place.
   gunicorn's ``Worker``: ``wsgi`` (the app), ``sockets``, ``cfg.graceful_timeout`` and
   ``handle_exit``;
 * gunicorn's ``Arbiter.WORKER_BOOT_ERROR``: the exit status that tells the arbiter a worker
-  could not start, as uvicorn-worker exits with it.
+  could not start, as uvicorn-worker exits with it;
+* uvicorn's ``Config.get_loop_factory()`` (uvicorn 0.36 and later): the worker's event loop, as
+  uvicorn-worker builds it.
 
 No underscore attribute of theirs is used. The worker class checks at start-up; without these
 it runs uvicorn-worker's own worker (logged, naming both versions).
@@ -45,9 +47,13 @@ def missing() -> list[str]:
         from uvicorn_worker import UvicornWorker
     except ImportError as error:
         return [str(error.name)]
+    from uvicorn import Config
+
     lacking: list[str] = []
     if not isinstance(getattr(Arbiter, "WORKER_BOOT_ERROR", None), int):
         lacking.append("Arbiter.WORKER_BOOT_ERROR")
+    if not callable(getattr(Config, "get_loop_factory", None)):  # uvicorn 0.36 and later
+        lacking.append("uvicorn.Config.get_loop_factory")
     names: set[str] = set()
     for kind in (UvicornWorker, Worker):
         names |= set(vars(kind))

@@ -13,8 +13,9 @@ the gunicorn worker class use:
   stop, ``serve`` and its workers;
 * ``Server.capture_signals()``: overridden by ``serve`` (it installs its own handlers);
 * ``Config.loaded``, ``Config.load()`` and ``Config.http_protocol_class``: the protocol class
-  is wrapped once the config is loaded; ``Config.get_loop_factory()``: the gunicorn worker's
-  event loop, as uvicorn-worker's;
+  is wrapped once the config is loaded (``Config.get_loop_factory()``, the gunicorn worker's
+  event loop as uvicorn-worker's, is the gunicorn worker class's own reliance:
+  :mod:`forgezero_lifecycle._internals.gunicorn`; uvicorn before 0.36 lacks it);
 * ``Server.startup`` building each connection's protocol from ``config.http_protocol_class`` as
   the connection is made, so a class set on a running server's config serves every later one;
 * the HTTP protocol classes (``H11Protocol``, ``HttpToolsProtocol``): ``connection_made``,
@@ -31,6 +32,9 @@ the gunicorn worker class use:
   (:mod:`forgezero_lifecycle.asgi._uvicorn`): :data:`CYCLE_ATTRIBUTES`, and that ``receive()``
   calls ``flow.resume_reading()`` before it waits;
 * the WebSocket protocols' ``transport`` (``send.__self__`` of a session);
+* ``uvicorn.supervisors.multiprocess.Process.wait_until_ready``: its presence says that
+  ``uvicorn --workers`` replaces a worker only once the replacement is ready
+  (:func:`reload_waits_for_ready`, read by the final stop of a handing-over worker);
 * ``uvicorn.importer.import_from_string`` (``serve APP``) and ``uvicorn.config.LOGGING_CONFIG``
   (``serve``'s log format): :func:`import_from_string`, :func:`logging_config`.
 
@@ -89,7 +93,7 @@ _SERVER_ATTRIBUTES: Final = ("server_state", "force_exit", "should_exit", "start
 #: Names ``Server.startup`` must use: the protocol class read per connection, the servers it
 #: keeps, the lifespan it starts (whose ``state`` each protocol is given).
 _STARTUP_NAMES: Final = ("http_protocol_class", "servers", "lifespan")
-_CONFIG_METHODS: Final = ("load", "get_loop_factory")
+_CONFIG_METHODS: Final = ("load",)
 #: Set by ``Config.__init__`` (``http_protocol_class`` by ``load``).
 _CONFIG_ATTRIBUTES: Final = ("loaded",)
 _PROTOCOL_METHODS: Final = ("connection_made", "data_received", "on_response_complete", "shutdown")
@@ -274,6 +278,16 @@ async def accept_on(server: uvicorn.Server, sockets: list[socket.socket]) -> Non
             protocol_factory(server), sock=sock, ssl=config.ssl, backlog=config.backlog
         )
         server.servers.append(listening)
+
+
+def reload_waits_for_ready() -> bool:
+    """Whether ``uvicorn --workers``' SIGHUP starts each new worker and waits until it is ready
+    before it stops the old one (``Process.wait_until_ready``: uvicorn 0.55 has it, 0.30 does
+    not); before, it stopped the old worker first, so a stopped worker with no sibling accepting
+    may be a reload's as well as the final stop's."""
+    from uvicorn.supervisors import multiprocess
+
+    return callable(getattr(multiprocess.Process, "wait_until_ready", None))
 
 
 def import_from_string(target: str) -> Any:

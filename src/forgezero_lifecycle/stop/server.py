@@ -320,10 +320,13 @@ class ServerStop:
         """No sibling accepts on the listener, and none can start to: gunicorn's arbiter closed
         its listener (it does so only at its final stop), or the parent is uvicorn's own
         multi-process supervisor, which replaces a worker only once the replacement is ready
-        and so stops every worker at once only at its final stop."""
+        and so stops every worker at once only at its final stop (a uvicorn whose reload stops
+        the old worker before it starts the new one cannot tell a reload from it: never)."""
         if accepting_elsewhere(inodes):
             return False
-        return self._server.config.workers > 1 or not parent_holds(inodes)
+        if self._server.config.workers > 1:
+            return _uvicorn.reload_waits_for_ready()
+        return not parent_holds(inodes)
 
     async def _resume(self) -> None:
         """Accept on the kept listener again, the way ``Server.startup`` does
