@@ -148,8 +148,10 @@ async def enqueue_all(store: Any, count: int) -> None:
 async def test_two_processes_share_db(shared: Shared) -> None:
     """Two processes burn down one queue: every job completes exactly once."""
     total = 300
+    # 50 ms a job: alone, one process needs seconds for the queue, so the other one, on a loaded
+    # machine, has that long to claim its first job (20 ms left it too little: one did it all).
     workers = [
-        shared.spawn(f"gen-{n}", "work", "--lease", "2", "--work-ms", "20") for n in range(2)
+        shared.spawn(f"gen-{n}", "work", "--lease", "2", "--work-ms", "50") for n in range(2)
     ]
     for proc in workers:
         await proc.wait_line("READY")

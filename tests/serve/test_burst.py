@@ -26,7 +26,9 @@ from forgezero_lifecycle.stop.accepting import DEFER_LIMIT, Tally, may_accept
 
 from .conftest import BOUND, StartSupervised, Supervised
 
-pytestmark = pytest.mark.server
+# A load test too: 50 connections and a CPU-bound handler against real workers, whose share
+# means something only when they are not starved of CPU by a crowd of other such tests.
+pytestmark = [pytest.mark.server, pytest.mark.load]
 
 CONNECTIONS: Final = 50
 #: Each worker's least share of the burst (of two workers: an even split is 50 %).
