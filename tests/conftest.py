@@ -18,7 +18,7 @@ import pytest
 #: Tests marked ``load`` (50 clients and real servers, a few seconds to a minute each) that run
 #: at once. Each keeps both cores busy; more at once starve the clients of their own event loop,
 #: which then sends late and meets closes a real client would not (the stop's first-byte grace).
-LOAD_SLOTS: Final = 3
+LOAD_SLOTS: Final = 2
 _SLOTS_DIRECTORY: Final = "FORGEZERO_TEST_LOAD_SLOTS"
 
 
