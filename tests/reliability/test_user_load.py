@@ -40,7 +40,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, popen_logged
-from tests.serve.conftest import alive, children
+from tests.serve.conftest import alive
+from tests.serve.test_foreign import _children as children
+from tests.serve.test_foreign_handover import _workers
 from tests.serve.test_handover import HANDOFF_TOKEN, LABEL, _close, _merged, revision
 
 from ._load import HttpLoad, LateSenders, Router, Target
@@ -216,7 +218,7 @@ async def _live(url: str) -> bool:
 
 async def _reload(row: Row, parent: int, url: str, revision_file: Path, log_path: Path) -> None:
     """The row's reload, awaited until the new workers serve and the old ones are gone."""
-    before = set(children(parent))
+    before = _workers(parent)
     if row.reload == "serve":
         await anyio.Path(revision_file).write_text(revision(2))
     os.kill(parent, signal.SIGHUP)
@@ -226,7 +228,7 @@ async def _reload(row: Row, parent: int, url: str, revision_file: Path, log_path
             log = anyio.Path(log_path)
             while "supervisor.handover_done" not in await log.read_text():  # noqa: ASYNC110
                 await anyio.sleep(0.05)
-        while before & set(children(parent)):  # noqa: ASYNC110 - /proc
+        while before & _workers(parent):  # noqa: ASYNC110 - /proc
             await anyio.sleep(0.05)
         while not await _live(url):  # noqa: ASYNC110 - a probe over HTTP
             await anyio.sleep(0.05)
