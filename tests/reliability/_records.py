@@ -38,6 +38,14 @@ class ServerRecords:
                 records.jobs_committed.append((int(fields[0]), int(fields[1])))
         return records
 
+    @classmethod
+    def per_pid(cls, directory: Path) -> dict[int, ServerRecords]:
+        """Every worker's records in ``directory`` (``<pid>.records``, ``FZREL_RECORDS``'s
+        ``{pid}`` template), by PID."""
+        return {
+            int(path.name.split(".")[0]): cls.read(path) for path in directory.glob("*.records")
+        }
+
     @property
     def last_finish(self) -> float:
         """When the last request this generation ran finished (0 when none)."""

@@ -170,9 +170,7 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
                     os.kill(pid, signal.SIGKILL)
         for load in (keep_alive, slow):
             await _close(load)
-    per_pid = {
-        int(path.name.split(".")[0]): ServerRecords.read(path) for path in records.glob("*.records")
-    }
+    per_pid = ServerRecords.per_pid(records)
     everything = keep_alive.records + slow.records + fresh.records
     verdict = judge_stop(everything, _merged(per_pid))
     refusals = ("refused", "connect-refused")
@@ -226,7 +224,7 @@ async def _reload(row: Row, parent: int, url: str, revision_file: Path, log_path
     with anyio.fail_after(DEADLINE + 60):
         if row.reload == "serve":
             log = anyio.Path(log_path)
-            while "supervisor.handover_done" not in await log.read_text():  # noqa: ASYNC110
+            while "supervisor.handover_done" not in await log.read_text():  # noqa: ASYNC110 - a file
                 await anyio.sleep(0.05)
         while before & _workers(parent):  # noqa: ASYNC110 - /proc
             await anyio.sleep(0.05)

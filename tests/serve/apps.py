@@ -113,6 +113,8 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         follower.cancel()
         await scheduler.stop(timeout=1.0)
         if MODE == "slow-stop":
+            # The behaviour under test: a 4 s application shutdown that a stale stop timer
+            # (3 s) must not cut (test_stop_after_replacement_missed_its_start).
             await asyncio.sleep(4.0)
             record("shutdown done")
 

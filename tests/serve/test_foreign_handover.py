@@ -139,9 +139,7 @@ async def reload_twice_under_load(kind: str, tmp_path: Path, seed: int) -> dict[
             with contextlib.suppress(ProcessLookupError):
                 if alive(pid):
                     os.kill(pid, signal.SIGKILL)
-    per_pid = {
-        int(path.name.split(".")[0]): ServerRecords.read(path) for path in records.glob("*.records")
-    }
+    per_pid = ServerRecords.per_pid(records)
     verdict = judge(load.records, {LABEL: _merged(per_pid)})
     return {
         **verdict.counts(),
@@ -292,9 +290,7 @@ async def final_stop_under_load(
                     os.kill(pid, signal.SIGKILL)
         for load in loads:
             await _close(load)
-    per_pid = {
-        int(path.name.split(".")[0]): ServerRecords.read(path) for path in records.glob("*.records")
-    }
+    per_pid = ServerRecords.per_pid(records)
     all_records = [r for load in loads for r in load.records] + fresh.records
     verdict = judge_stop(all_records, _merged(per_pid))
     refusals = ("refused", "connect-refused")

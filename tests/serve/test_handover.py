@@ -139,10 +139,7 @@ def _start(
 
 
 def _records(served: Supervised, tmp_path: Path) -> dict[int, ServerRecords]:
-    return {
-        int(path.name.split(".")[0]): ServerRecords.read(path)
-        for path in (tmp_path / "worker-records").glob("*.records")
-    }
+    return ServerRecords.per_pid(tmp_path / "worker-records")
 
 
 def _merged(per_pid: dict[int, ServerRecords]) -> ServerRecords:
@@ -393,9 +390,7 @@ async def test_peers_same_load(tmp_path: Path, kind: str) -> None:
             with contextlib.suppress(ProcessLookupError):
                 if alive(pid):
                     os.kill(pid, signal.SIGKILL)
-    per_pid = {
-        int(path.name.split(".")[0]): ServerRecords.read(path) for path in records.glob("*.records")
-    }
+    per_pid = ServerRecords.per_pid(records)
     verdict = judge(load.records, {LABEL: _merged(per_pid)})
     refused = sum(record.refusals for record in load.records)
     report(
