@@ -13,7 +13,8 @@ Per connection, by ``scope["type"]``:
   start gains ``Connection: close`` (over HTTP/1: HTTP/2 and HTTP/3 forbid the header, and a
   refusal over them goes without it too). Once the stream grace is over, a request that waits on
   ``receive()`` after its body gets ``http.disconnect``, and a response the app then leaves
-  unfinished is ended cleanly with an empty last chunk;
+  unfinished is cut so that the client can tell (connection aborted, or HTTP/2 stream reset;
+  docs/long-lived-work.md), never ended cleanly;
 * ``websocket``: admitted and counted, or refused before accept (503 denial response when the
   server offers ``websocket.http.response``, else close 1013). Once the stream grace is over an
   open session is closed with 1012 (configurable) and reason ``draining``; the server then
@@ -22,6 +23,12 @@ Per connection, by ``scope["type"]``:
   for a send on a closed connection), so a handler that only sends ends too. A denial the app
   sends (``websocket.http.response.start`` and its body parts) ends with its last body part
   (``more_body`` false); the notice never closes a session in the middle of one.
+
+Every admitted HTTP and WebSocket scope carries the drain notice,
+``scope["extensions"]["forgezero.drain"]`` (:mod:`._notice`): a handler that waits on it is told
+at its instant through it alone, and is ended by the drain only at the cutoff. The app's
+lifespan runs under the teardown (:mod:`._teardown`), so a stop the runtime owns can shut it
+down right after the drain, within its bound.
 
 Every send made while draining is bounded by the gate's ``cutoff`` (set by the runtime at the
 drain's release margin): a send still blocked then by a client that does not read is given up,
