@@ -261,7 +261,11 @@ class InFlightMiddleware:
             stream: Any = cycle
             running = self._running
             running.add(stream)
-            scope["extensions"][EXTENSION] = DrainNotice(self._board, stream)  # hypercorn's own
+            extensions = scope.get("extensions")
+            if extensions is None:
+                scope["extensions"] = {EXTENSION: DrainNotice(self._board, stream)}
+            else:  # hypercorn's own (every version this path knows gives one)
+                extensions[EXTENSION] = DrainNotice(self._board, stream)
             try:
                 await self.app(scope, receive, send)
             except Exception as error:
