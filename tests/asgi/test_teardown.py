@@ -29,16 +29,18 @@ class Server:
     def __init__(self, app: Any) -> None:
         self.queue: asyncio.Queue[Message] = asyncio.Queue()
         self.sent: list[str] = []
+        self.started = asyncio.Event()
         scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
         self.task = asyncio.ensure_future(app(scope, self.queue.get, self._send))
 
     async def _send(self, message: Message) -> None:
         self.sent.append(message["type"])
+        if message["type"] == "lifespan.startup.complete":
+            self.started.set()
 
     async def start(self) -> None:
         await self.queue.put({"type": "lifespan.startup"})
-        while "lifespan.startup.complete" not in self.sent:
-            await asyncio.sleep(0)
+        await asyncio.wait_for(self.started.wait(), 5)
 
     async def shut_down(self) -> list[str]:
         await self.queue.put({"type": "lifespan.shutdown"})
