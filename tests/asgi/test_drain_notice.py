@@ -271,3 +271,32 @@ async def test_deadline_counts_down_to_cutoff() -> None:
     assert notice.deadline == 0.0
     release.set()
     await call
+
+
+async def test_waiting_websocket_closes_itself() -> None:
+    """A WebSocket handler that waits on the notice is not closed 1012 at its instant: it sends
+    a last message and closes with its own code; the drain closes it only at the cutoff."""
+    gate = IntakeGate()
+    recorder = ASGIRecorder({"type": "websocket.connect"})
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+        await notice_of(scope).wait()
+        await send({"type": "websocket.send", "text": "moving to the next generation"})
+        await send({"type": "websocket.close", "code": 1001, "reason": "going away"})
+
+    ws = {"type": "websocket", "path": "/ws", "root_path": "", "extensions": {}}
+    call = asyncio.ensure_future(
+        InFlightMiddleware(app, gate=gate)(ws, recorder.receive, recorder.send)
+    )
+    await settle()
+    gate.close()
+    gate.end_streams()
+    await call
+    assert recorder.sent == [
+        {"type": "websocket.accept"},
+        {"type": "websocket.send", "text": "moving to the next generation"},
+        {"type": "websocket.close", "code": 1001, "reason": "going away"},
+    ]
+    assert gate.statistics().closed_at_grace == 0

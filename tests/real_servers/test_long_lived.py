@@ -43,7 +43,7 @@ STOPS: Final = {
     "hypercorn-single": (),
     "gunicorn": (),
 }
-STREAM_KINDS: Final = ("uvicorn-h11", "serve-h11", "hypercorn-single")
+STREAM_KINDS: Final = ("uvicorn-h11", "serve-h11", "hypercorn-single", "gunicorn")
 DRAIN_TIMEOUT: Final = 4.0
 MARGIN: Final = 0.5
 BOUND: Final = 20.0
