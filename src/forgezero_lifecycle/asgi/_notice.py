@@ -27,10 +27,23 @@ from typing import Any, Final, final
 from .._race import first
 from ..core.gate import IntakeGate
 
-__all__ = ["EXTENSION", "DrainNotice", "NoticeBoard"]
+__all__ = ["EXTENSION", "DrainNotice", "Listener", "NoticeBoard"]
 
 #: The key of the notice in ``scope["extensions"]``.
 EXTENSION: Final = "forgezero.drain"
+
+
+class Listener:
+    """What the middleware keeps per wrapped request or WebSocket session for the notice: its
+    delay in the spread, and whether its handler waits on the notice (set by the first
+    ``wait()``). Subclasses set both in their ``__init__``."""
+
+    __slots__ = ("listening", "notice_delay")
+
+    #: Seconds after the notice this request is told (its instant in the spread).
+    notice_delay: float
+    #: Its handler waits on the drain notice: the drain ends it at the cutoff only.
+    listening: bool
 
 
 @final
@@ -50,17 +63,16 @@ class NoticeBoard:
     def listen(self, owner: Any) -> None:
         """``owner``'s handler waits on the notice: the middleware does not end it at its
         instant, only at the cutoff."""
-        if hasattr(owner, "listening"):  # the middleware's own responder or session
+        if isinstance(owner, Listener):  # the middleware's own responder or session
             owner.listening = True
         elif owner not in self.listening:
             self.listening[owner] = 0.0
 
     def delay(self, owner: Any) -> float:
         """Seconds after the notice ``owner`` is told (its place in the spread)."""
-        delay = getattr(owner, "notice_delay", None)
-        if delay is None:
-            delay = self.listening.get(owner, 0.0)
-        return float(delay)
+        if isinstance(owner, Listener):
+            return owner.notice_delay
+        return self.listening.get(owner, 0.0)
 
     def deadline(self) -> float | None:
         if not self.gate.draining or self._room is None:

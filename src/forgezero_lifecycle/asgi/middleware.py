@@ -91,7 +91,7 @@ from ._blocked import tasks_blocked_in
 from ._body import discard_body
 from ._drain_messages import ABANDONED_CODE, CLOSE_HEADER, abandoned, response_cut
 from ._hypercorn import HTTP1, KNOWN_STREAMS, DrainSend
-from ._notice import EXTENSION, DrainNotice, NoticeBoard
+from ._notice import EXTENSION, DrainNotice, Listener, NoticeBoard
 from ._paths import app_path
 from ._teardown import Teardown
 from ._types import ASGIApp, Message, Receive, Scope, Send
@@ -612,7 +612,7 @@ class InFlightMiddleware:
             await send({"type": "websocket.close", "code": _TRY_AGAIN_LATER, "reason": "draining"})
 
 
-class _GivenUpAtCutoff:
+class _GivenUpAtCutoff(Listener):
     """The cutoff's hold on a request or session whose send has been blocked since before the
     drain (a client that does not read): cancel the task blocked in it, then take that back."""
 
@@ -648,8 +648,6 @@ class _WebSocketSession(_GivenUpAtCutoff):
         "_send",
         "app_closed",
         "ended",
-        "listening",
-        "notice_delay",
         "responding",
         "sending",
     )
@@ -669,9 +667,7 @@ class _WebSocketSession(_GivenUpAtCutoff):
         #: still blocked: what the cutoff looks for).
         self.sending: CoroutineType[Any, Any, None] | None = None
         self.cancelled = None
-        #: Seconds after the notice this session is closed (its instant in the spread).
-        self.notice_delay = 0.0
-        #: Its handler waits on the drain notice: closed by the drain at the cutoff only.
+        self.notice_delay = 0.0  # its instant in the spread (Listener)
         self.listening = False
 
     async def send(self, message: Message) -> None:
@@ -787,8 +783,6 @@ class _HttpResponder(_GivenUpAtCutoff):
         "closes",
         "disconnected",
         "finished",
-        "listening",
-        "notice_delay",
         "sending",
         "started",
     )
@@ -813,9 +807,7 @@ class _HttpResponder(_GivenUpAtCutoff):
         #: still blocked: what the cutoff looks for).
         self.sending: CoroutineType[Any, Any, None] | None = None
         self.cancelled = None
-        #: Seconds after the notice this request is told (its instant in the spread).
-        self.notice_delay = 0.0
-        #: Its handler waits on the drain notice: told ``http.disconnect`` at the cutoff only.
+        self.notice_delay = 0.0  # its instant in the spread (Listener)
         self.listening = False
 
     @property
