@@ -64,6 +64,8 @@ __all__ = [
 
 logger = logging.getLogger("forgezero_lifecycle.middleware")
 
+#: RST_STREAM's error code for a stream the drain cut (RFC 9113, section 7: CANCEL).
+_CANCEL: Final = 0x8
 #: The HTTP versions served unwrapped (an HTTP/2 stream shares its connection with others).
 HTTP1: Final = frozenset({"1.0", "1.1"})
 #: Per class of ``send.__self__``: whether it is a hypercorn stream this path knows, filled by
@@ -156,7 +158,7 @@ def settle(stream: Any) -> None:
     drain.abort()
 
 
-async def cut_response(stream: Any) -> bool:
+def cut_response(stream: Any) -> bool:
     """A wrapped request's response the drain ended before its last part: its HTTP/1
     connection aborted, or its HTTP/2 stream reset (RST_STREAM, CANCEL). False when ``stream``
     is not a hypercorn stream this path knows."""
@@ -167,14 +169,14 @@ async def cut_response(stream: Any) -> bool:
         return False
     logger.warning("drain.response_cut kind=http")
     protocol = stream.send.__self__
+    writer: asyncio.StreamWriter = protocol.send.__self__.writer
     if stream.scope.get("http_version") == "2":
-        import h2.errors  # hypercorn's own HTTP/2 stack
-
-        protocol.connection.reset_stream(stream.stream_id, error_code=h2.errors.ErrorCodes.CANCEL)
-        await protocol._flush()
+        # h2's RST_STREAM, and what else h2 has to send, written as the GOAWAY is (goaway).
+        protocol.connection.reset_stream(stream.stream_id, error_code=_CANCEL)
+        writer.write(protocol.connection.data_to_send())
         return True
     stream.closed = True
-    protocol.send.__self__.writer.transport.abort()
+    writer.transport.abort()
     return True
 
 

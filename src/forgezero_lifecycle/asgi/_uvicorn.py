@@ -145,7 +145,7 @@ def settle(cycle: Any) -> None:
     reconnect(cycle)  # told, and ended anyway (or never started): uvicorn's handling stands
 
 
-async def cut_response(send: object) -> bool:
+def cut_response(send: object) -> bool:
     """End the response whose ``send`` this is so the client sees it incomplete: its
     connection aborted (HTTP/1) or its stream reset (hypercorn's HTTP/2). False under a server
     the middleware does not know."""
@@ -160,7 +160,7 @@ async def cut_response(send: object) -> bool:
         return True
     from . import _hypercorn  # the two servers' paths, side by side
 
-    return await _hypercorn.cut_response(owner)
+    return _hypercorn.cut_response(owner)
 
 
 def _drop(cycle: Any) -> None:

@@ -297,7 +297,7 @@ class InFlightMiddleware:
         wrapped.add(responder)
         try:
             await self.app(scope, responder.receive, responder.send)
-            if responder.cut_short and not await cut_response(send):
+            if responder.cut_short and not cut_response(send):
                 # A server the middleware cannot end a response under: the ASGI way to say a
                 # response is broken, which every server answers by closing the connection.
                 raise response_cut()
