@@ -20,6 +20,11 @@ A drain with ``timeoutMs = T`` runs, all inside T (README, "What a drain does"):
    not read, so their connections are abandoned and counted out before T;
 7. drained when every counter is 0, failed otherwise. Rollback reopens everything.
 
+Background work the app starts with :meth:`Runtime.create_task` or :meth:`Runtime.hold` is a
+participant too (counted under ``jobs``). Where the runtime owns the stop (``serve``, the signal
+hook), the app's lifespan shutdown follows the drain, within what is left of its deadline plus
+``teardown_margin`` (:meth:`Runtime.teardown`), and the server's stop comes last.
+
 The steps are :class:`~forgezero_lifecycle.core.steps.DrainSteps`'s, driven by its
 :class:`~forgezero_lifecycle.core.drain.DrainController` (:attr:`Runtime.drain`); the runtime only
 builds and wires them.
@@ -36,7 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 from starlette.applications import Starlette
@@ -44,10 +50,12 @@ from starlette.applications import Starlette
 from ._clock import Clock, SystemClock
 from ._errors import ConfigurationError
 from ._tokens import check_token_pair
+from .asgi._teardown import Teardown
 from .asgi._types import ASGIApp, Scope
 from .asgi.control import ControlApp
 from .asgi.middleware import InFlightMiddleware
 from .asgi.published import Document, PublishedDocuments
+from .core.background import BackgroundStatistics, BackgroundWork
 from .core.gate import IntakeGate
 from .core.participant import WorkParticipant, as_participant
 from .core.signal_drain import SignalDrain
@@ -71,6 +79,7 @@ if TYPE_CHECKING:
 __all__ = ["Runtime"]
 
 P = TypeVar("P", bound=WorkParticipant)
+T = TypeVar("T")
 
 #: Close codes an endpoint may send (RFC 6455 §7.4: 1004-1006, 1015 and 1016-2999 may not be).
 _SENDABLE_CLOSE_CODES: Final = frozenset(
@@ -102,6 +111,7 @@ class Runtime:
         openapi: bool = False,
         metrics: CollectorRegistry | None = None,
         handoff_pauses_collector: bool = False,
+        teardown_margin: float = 2.0,
     ) -> None:
         """Build a generation's runtime; a setting that could never work raises here.
 
@@ -131,6 +141,9 @@ class Runtime:
                 `GET /.forgezero/runtime/metrics`, without a token.
             handoff_pauses_collector: Pause the garbage collector while a handoff's state is
                 imported ([The garbage collector](handoff-collector.md)).
+            teardown_margin: Seconds the app's lifespan shutdown may take beyond what is left
+                of the drain's deadline, where the runtime owns the stop (0 to 600;
+                [Long-lived work](long-lived-work.md)).
 
         Raises:
             ConfigurationError: A setting that could never work (a short revision, a handoff
@@ -149,6 +162,7 @@ class Runtime:
         if not isinstance(handoff_pauses_collector, bool):
             raise ConfigurationError(detail="handoff_pauses_collector must be True or False")
         _check_notice_spread(stream_notice_spread)
+        _check_teardown_margin(teardown_margin)
         self.revision = revision
         self.gate = IntakeGate()
         self._clock = clock or SystemClock()
@@ -158,7 +172,10 @@ class Runtime:
         self._close_code = websocket_close_code
         self._retry_after = retry_after
         self._exempt = exempt
-        self._participants: list[WorkParticipant] = []
+        self._background = BackgroundWork(self._clock)
+        self._participants: list[WorkParticipant] = [self._background]
+        self._teardown_margin = float(teardown_margin)
+        self._teardown = Teardown(self._clock, self._teardown_bound)
         #: True when a ``serve --workers`` supervisor drains this process together with the other
         #: workers on its listening socket; otherwise a drain checks for such siblings itself.
         self.supervised = False
@@ -174,7 +191,11 @@ class Runtime:
         self.drain = self._steps.controller
         #: The hook that turns SIGTERM/SIGINT under the user's server into a self-drain.
         self.signal_drain = SignalDrain(
-            self.drain, revision=revision, timeout=signal_drain_timeout, enabled=drain_on_signal
+            self.drain,
+            revision=revision,
+            timeout=signal_drain_timeout,
+            enabled=drain_on_signal,
+            before_stop=self.teardown,
         )
         self.handoff: StateHandoffController[Any] | None = None
         if state_adapter is not None:
@@ -241,7 +262,48 @@ class Runtime:
     @property
     def participants(self) -> Sequence[WorkParticipant]:
         """The registered participants (queue, job workers, schedulers), in order added."""
-        return tuple(self._participants)
+        return tuple(self._participants[1:])  # the first is the runtime's own background work
+
+    def create_task(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+        """Start background work the drain waits for, counted under ``jobs``.
+
+        Admitted while intake is open; once the drain closed it, raises
+        :class:`~forgezero_lifecycle.DrainingError` (and ``coro`` is closed, never run). The
+        drain waits for the task within its deadline; at its release margin (the cutoff) a task
+        still running is cancelled and logged by ``name`` (``background.cancelled``). A task that
+        fails is logged by name (``background.failed``). The runtime keeps every task until it
+        is done: no reference of the caller's is needed.
+        """
+        return self._background.create_task(coro, name=name)
+
+    def hold(self, name: str) -> AbstractAsyncContextManager[None]:
+        """``async with runtime.hold(name):`` counts the block as background work, as
+        :meth:`create_task` does a task: refused with
+        :class:`~forgezero_lifecycle.DrainingError` once intake closed, waited for by the
+        drain, and its task cancelled at the cutoff if still inside."""
+        return self._background.hold(name)
+
+    def background(self) -> BackgroundStatistics:
+        """A snapshot of the background work: names running, completed, failed, cancelled."""
+        return self._background.statistics()
+
+    async def teardown(self) -> bool:
+        """The app's lifespan shutdown, once the drain settled, within what is left of the
+        drain's deadline plus ``teardown_margin``; False when it failed or overran (logged).
+
+        ``serve`` and the signal hook call it before the server's stop; the server's own
+        ``lifespan.shutdown`` is then answered with the app's answer. Nothing to run (no
+        lifespan, or one already shut down) is True.
+        """
+        return await self._teardown.shut_down()
+
+    @property
+    def teardown_failed(self) -> bool:
+        """The app's lifespan shutdown failed or overran its bound (the stop exits 1)."""
+        return self._teardown.failed
+
+    def _teardown_bound(self) -> float:
+        return self.drain.remaining() + self._teardown_margin
 
     def wrap(self, app: ASGIApp) -> ASGIApp:
         """Wrap any ASGI app: in-flight middleware outside, control plane ahead of its routes."""
@@ -288,6 +350,7 @@ class Runtime:
             "signals": self.signal_drain if self.signal_drain.pending else None,
             "notice_spread": self._notice_spread,
             "notice_room": self._steps.notice_room,
+            "teardown": self._teardown,
         }
 
     async def aclose(self) -> None:
@@ -362,6 +425,15 @@ def _check_notice_spread(spread: object) -> None:
         raise ConfigurationError(
             detail=f"stream_notice_spread must be 0 to {high:g} seconds (0: every WebSocket and "
             f"stream is told at once), not {spread!r}"
+        )
+
+
+def _check_teardown_margin(margin: object) -> None:
+    high = MAX_DRAIN_TIMEOUT_MS / 1000
+    if isinstance(margin, bool) or not isinstance(margin, int | float) or not 0 <= margin <= high:
+        raise ConfigurationError(
+            detail=f"teardown_margin must be 0 to {high:g} seconds (what the app's lifespan "
+            f"shutdown may take beyond the drain's deadline), not {margin!r}"
         )
 
 

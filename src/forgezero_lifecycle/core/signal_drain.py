@@ -64,7 +64,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Final, Literal, final
 
@@ -104,6 +104,7 @@ class SignalDrain:
     """The runtime's signal hook: :meth:`install` at lifespan startup, :meth:`uninstall` after."""
 
     __slots__ = (
+        "_before_stop",
         "_cuts",
         "_drain",
         "_handler",
@@ -119,9 +120,17 @@ class SignalDrain:
     )
 
     def __init__(
-        self, drain: DrainController, *, revision: str | None, timeout: float, enabled: bool = True
+        self,
+        drain: DrainController,
+        *,
+        revision: str | None,
+        timeout: float,
+        enabled: bool = True,
+        before_stop: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self._drain = drain
+        #: Run once the drain settled, before the server's stop (the app's lifespan shutdown).
+        self._before_stop = before_stop
         self._revision = revision
         self._timeout = timeout
         self._state: _State = "idle" if enabled else "disabled"
@@ -331,6 +340,11 @@ class SignalDrain:
             state = "failed"
         level = logging.INFO if state == "drained" else logging.WARNING
         logger.log(level, "signal.drain_settled state=%s: the server stops now", state)
+        if self._before_stop is not None:
+            try:
+                await self._before_stop()  # bounded; logs what it could not finish
+            except Exception:
+                logger.exception("signal.teardown_crashed: the server stops now")
         hook = self._hooks.get(signum)
         self._restore()
         self._task = None
