@@ -44,6 +44,7 @@ from starlette.applications import Starlette
 from ._clock import Clock, SystemClock
 from ._errors import ConfigurationError
 from ._tokens import check_token_pair
+from .asgi._in_flight import MAX_ITEMS, InFlightItem
 from .asgi._types import ASGIApp, Scope
 from .asgi.control import ControlApp
 from .asgi.middleware import InFlightMiddleware
@@ -159,6 +160,8 @@ class Runtime:
         self._retry_after = retry_after
         self._exempt = exempt
         self._participants: list[WorkParticipant] = []
+        #: The middleware of every app this runtime wrapped, for what blocks a drain.
+        self._middlewares: list[InFlightMiddleware] = []
         #: True when a ``serve --workers`` supervisor drains this process together with the other
         #: workers on its listening socket; otherwise a drain checks for such siblings itself.
         self.supervised = False
@@ -170,6 +173,7 @@ class Runtime:
             not_ready_grace=not_ready_grace,
             stream_grace=stream_grace,
             supervised=lambda: self.supervised,
+            detail=self._status_detail,
         )
         self.drain = self._steps.controller
         #: The hook that turns SIGTERM/SIGINT under the user's server into a self-drain.
@@ -247,6 +251,7 @@ class Runtime:
         """Wrap any ASGI app: in-flight middleware outside, control plane ahead of its routes."""
         middleware = InFlightMiddleware(app, **self._middleware_options())
         middleware.forgezero_runtime = self
+        self._middlewares.append(middleware)
         return middleware
 
     def install(self, app: Starlette) -> None:
@@ -302,6 +307,23 @@ class Runtime:
         """
         return self._steps.in_flight()
 
+    def oldest_in_flight(self, limit: int = MAX_ITEMS) -> list[InFlightItem]:
+        """The ``limit`` oldest HTTP requests and WebSocket sessions running now, oldest
+        first: kind, method, route template (never the raw path) and age in milliseconds.
+
+        A drain's status names them in ``detail.oldestInFlight`` (at most five), so an operator
+        sees what a slow drain waits for.
+        """
+        items: list[InFlightItem] = []
+        for middleware in self._middlewares:
+            items.extend(middleware.oldest_in_flight(limit))
+        items.sort(key=_oldest_first)
+        return items[:limit]
+
+    def _status_detail(self) -> dict[str, Any] | None:
+        items = self.oldest_in_flight()
+        return {"oldestInFlight": items} if items else None
+
     def scheduled_jobs(self) -> list[object]:
         """Every added scheduler's jobs, as ``schedules/v1/status`` lists them."""
         from .core.scheduler import SchedulerParticipant  # loaded by whoever built a scheduler
@@ -311,6 +333,11 @@ class Runtime:
             if isinstance(participant, SchedulerParticipant):
                 result.extend(job.to_dict() for job in participant.scheduler.statistics().jobs)
         return result
+
+
+def _oldest_first(item: InFlightItem) -> float:
+    age = item["ageMs"]
+    return 1.0 if age is None else -age  # an unknown age after every known one
 
 
 def _metrics_endpoint(runtime: Runtime, registry: CollectorRegistry) -> Document:

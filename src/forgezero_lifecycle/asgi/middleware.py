@@ -61,7 +61,8 @@ server) goes through a per-request responder that does the same on the messages.
 
 No per-request state lives on ``self`` but the set of running uvicorn cycles and hypercorn
 streams a drain acts on, and the set of running wrapped requests the cutoff looks through;
-everything else per request is a local or a closure.
+everything else per request is a local or a closure. A status names the oldest of them from
+these sets alone (:mod:`._in_flight`): the request path records nothing more for it.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ import importlib.metadata
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
+from time import monotonic as _now
 from types import CoroutineType
 from typing import Any, Final, final
 
@@ -84,6 +86,7 @@ from ._blocked import tasks_blocked_in
 from ._body import discard_body
 from ._drain_messages import ABANDONED_CODE, CLOSE_HEADER, LAST_CHUNK, abandoned
 from ._hypercorn import HTTP1, KNOWN_STREAMS, DrainSend
+from ._in_flight import InFlightItem, oldest
 from ._paths import app_path
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from ._uvicorn import (
@@ -285,6 +288,11 @@ class InFlightMiddleware:
             if responder.cancelled is not None:
                 responder.forgive_cancel()  # the app swallowed the cutoff's CancelledError
             gate.release_http()
+
+    def oldest_in_flight(self, limit: int) -> list[InFlightItem]:
+        """The ``limit`` oldest requests and sessions running now, oldest first (what a
+        drain waits for, as its status ``detail`` names it: :mod:`._in_flight`)."""
+        return oldest(self._running, self._wrapped, self._sessions, limit)
 
     def _route(self, scope: Scope) -> ASGIApp | None:
         """Where a scope the hot path did not take goes: an app to hand it to, or None for the
@@ -515,7 +523,7 @@ class InFlightMiddleware:
             gate.refused_websocket += 1
             await self._refuse_websocket(scope, receive, send)
             return
-        session = _WebSocketSession(gate, send, self._close_code)
+        session = _WebSocketSession(gate, send, self._close_code, scope)
         sessions = self._sessions
         sessions.add(session)
         watcher = asyncio.ensure_future(session.close_at_notice())
@@ -592,11 +600,16 @@ class _WebSocketSession(_GivenUpAtCutoff):
         "ended",
         "notice_delay",
         "responding",
+        "scope",
         "sending",
+        "since",
     )
 
-    def __init__(self, gate: IntakeGate, send: Send, close_code: int) -> None:
+    def __init__(self, gate: IntakeGate, send: Send, close_code: int, scope: Scope) -> None:
         self._gate = gate
+        #: The session's scope and when it was admitted, for the status ``detail``.
+        self.scope = scope
+        self.since = _now()
         self._send = send
         self._close_code = close_code
         self._lock = asyncio.Lock()
@@ -728,12 +741,17 @@ class _HttpResponder(_GivenUpAtCutoff):
         "finished",
         "head",
         "notice_delay",
+        "scope",
         "sending",
+        "since",
         "started",
     )
 
     def __init__(self, gate: IntakeGate, receive: Receive, send: Send, scope: Scope) -> None:
         self._gate = gate
+        #: The request's scope and when it was admitted, for the status ``detail``.
+        self.scope = scope
+        self.since = _now()
         self._receive = receive
         self._send = send
         #: A method whose requests carry no body: the first receive() needs no inspection.
