@@ -62,6 +62,8 @@ from .wire._protocol import (
 )
 
 if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
     from prometheus_client import CollectorRegistry
 
     # pydantic, imported where used: the handoff with a state adapter, the wire models on the
@@ -103,6 +105,8 @@ class Runtime:
         openapi: bool = False,
         metrics: CollectorRegistry | None = None,
         handoff_pauses_collector: bool = False,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         """Build a generation's runtime; a setting that could never work raises here.
 
@@ -132,6 +136,9 @@ class Runtime:
                 `GET /.forgezero/runtime/metrics`, without a token.
             handoff_pauses_collector: Pause the garbage collector while a handoff's state is
                 imported ([The garbage collector](handoff-collector.md)).
+            tracer_provider: Where each drain's `forgezero.drain` span goes; None: the global
+                one. Needs the `[otel]` extra ([OpenTelemetry](metrics.md#opentelemetry)).
+            meter_provider: Where the runtime's metrics go; None: the global one (`[otel]`).
 
         Raises:
             ConfigurationError: A setting that could never work (a short revision, a handoff
@@ -208,6 +215,7 @@ class Runtime:
             self._published[paths.RUNTIME_OPENAPI_PATH] = _openapi_document
         if metrics is not None:
             self._published[paths.RUNTIME_METRICS_PATH] = _metrics_endpoint(self, metrics)
+        self._telemetry = _telemetry(self, self._clock, tracer_provider, meter_provider)
 
     @property
     def draining(self) -> asyncio.Event:
@@ -338,6 +346,30 @@ class Runtime:
 def _oldest_first(item: InFlightItem) -> float:
     age = item["ageMs"]
     return 1.0 if age is None else -age  # an unknown age after every known one
+
+
+def _telemetry(
+    runtime: Runtime,
+    clock: Clock,
+    tracer_provider: TracerProvider | None,
+    meter_provider: MeterProvider | None,
+) -> object | None:
+    """The runtime's spans and metrics when ``opentelemetry-api`` is installed (``[otel]``);
+    without it, nothing (and a provider passed anyway is a configuration error)."""
+    try:
+        from .otel import RuntimeTelemetry
+    except ImportError as error:
+        if not (error.name or "").startswith("opentelemetry"):
+            raise
+        if tracer_provider is not None or meter_provider is not None:
+            raise ConfigurationError(
+                detail="tracer_provider= and meter_provider= need OpenTelemetry's API: "
+                "pip install 'forgezero-lifecycle[otel]'"
+            ) from None
+        return None
+    return RuntimeTelemetry(
+        runtime, clock=clock, tracer_provider=tracer_provider, meter_provider=meter_provider
+    )
 
 
 def _metrics_endpoint(runtime: Runtime, registry: CollectorRegistry) -> Document:
