@@ -301,7 +301,6 @@ class _FanOut:
 class _Generation:
     def __init__(self, number: int) -> None:
         self.number = number
-        self.workers = [object(), object()]
         self.controller = DrainController(_FanOut())
 
     def in_flight(self) -> Any:

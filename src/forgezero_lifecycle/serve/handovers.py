@@ -115,10 +115,7 @@ class HandoverLog:
             self._otel.trace_drains(
                 generation.controller,
                 clock=SystemClock(),
-                attributes={
-                    "forgezero.generation": generation.number,
-                    "forgezero.workers": len(generation.workers),
-                },
+                attributes={"forgezero.generation": generation.number},
                 parent=self.running_span,
                 in_flight=generation.in_flight,
                 tracer_provider=self._tracer_provider,
