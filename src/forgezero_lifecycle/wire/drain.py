@@ -80,6 +80,10 @@ OLDEST_IN_FLIGHT_SCHEMA: Final[dict[str, Any]] = {
                 "type": ["string", "null"],
                 "description": "The matched route's template, never the raw path.",
             },
+            "worker": {
+                "type": "integer",
+                "description": "Under serve --workers: the index of the worker running it.",
+            },
             "ageMs": {
                 "type": ["integer", "null"],
                 "minimum": 0,
