@@ -50,6 +50,7 @@ from starlette.applications import Starlette
 from ._clock import Clock, SystemClock
 from ._errors import ConfigurationError
 from ._tokens import check_token_pair
+from .asgi._in_flight import MAX_ITEMS, InFlightItem
 from .asgi._teardown import Teardown
 from .asgi._types import ASGIApp, Scope
 from .asgi.control import ControlApp
@@ -69,6 +70,8 @@ from .wire._protocol import (
 )
 
 if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
     from prometheus_client import CollectorRegistry
 
     # pydantic, imported where used: the handoff with a state adapter, the wire models on the
@@ -112,6 +115,8 @@ class Runtime:
         metrics: CollectorRegistry | None = None,
         handoff_pauses_collector: bool = False,
         teardown_margin: float = 2.0,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         """Build a generation's runtime; a setting that could never work raises here.
 
@@ -144,6 +149,9 @@ class Runtime:
             teardown_margin: Seconds the app's lifespan shutdown may take beyond what is left
                 of the drain's deadline, where the runtime owns the stop (0 to 600;
                 [Long-lived work](long-lived-work.md)).
+            tracer_provider: Where each drain's `forgezero.drain` span goes; None: the global
+                one. Needs the `[otel]` extra ([OpenTelemetry](metrics.md#opentelemetry)).
+            meter_provider: Where the runtime's metrics go; None: the global one (`[otel]`).
 
         Raises:
             ConfigurationError: A setting that could never work (a short revision, a handoff
@@ -176,6 +184,8 @@ class Runtime:
         self._participants: list[WorkParticipant] = [self._background]
         self._teardown_margin = float(teardown_margin)
         self._teardown = Teardown(self._clock, self._teardown_bound)
+        #: The middleware of every app this runtime wrapped, for what blocks a drain.
+        self._middlewares: list[InFlightMiddleware] = []
         #: True when a ``serve --workers`` supervisor drains this process together with the other
         #: workers on its listening socket; otherwise a drain checks for such siblings itself.
         self.supervised = False
@@ -187,6 +197,7 @@ class Runtime:
             not_ready_grace=not_ready_grace,
             stream_grace=stream_grace,
             supervised=lambda: self.supervised,
+            detail=self._status_detail,
         )
         self.drain = self._steps.controller
         #: The hook that turns SIGTERM/SIGINT under the user's server into a self-drain.
@@ -225,6 +236,7 @@ class Runtime:
             self._published[paths.RUNTIME_OPENAPI_PATH] = _openapi_document
         if metrics is not None:
             self._published[paths.RUNTIME_METRICS_PATH] = _metrics_endpoint(self, metrics)
+        self._telemetry = _telemetry(self, self._clock, tracer_provider, meter_provider)
 
     @property
     def draining(self) -> asyncio.Event:
@@ -309,6 +321,7 @@ class Runtime:
         """Wrap any ASGI app: in-flight middleware outside, control plane ahead of its routes."""
         middleware = InFlightMiddleware(app, **self._middleware_options())
         middleware.forgezero_runtime = self
+        self._middlewares.append(middleware)
         return middleware
 
     def install(self, app: Starlette) -> None:
@@ -365,6 +378,23 @@ class Runtime:
         """
         return self._steps.in_flight()
 
+    def oldest_in_flight(self, limit: int = MAX_ITEMS) -> list[InFlightItem]:
+        """The ``limit`` oldest HTTP requests and WebSocket sessions running now, oldest
+        first: kind, method, route template (never the raw path) and age in milliseconds.
+
+        A drain's status names them in ``detail.oldestInFlight`` (at most five), so an operator
+        sees what a slow drain waits for.
+        """
+        items: list[InFlightItem] = []
+        for middleware in self._middlewares:
+            items.extend(middleware.oldest_in_flight(limit))
+        items.sort(key=_oldest_first)
+        return items[:limit]
+
+    def _status_detail(self) -> dict[str, Any] | None:
+        items = self.oldest_in_flight()
+        return {"oldestInFlight": items} if items else None
+
     def scheduled_jobs(self) -> list[object]:
         """Every added scheduler's jobs, as ``schedules/v1/status`` lists them."""
         from .core.scheduler import SchedulerParticipant  # loaded by whoever built a scheduler
@@ -374,6 +404,35 @@ class Runtime:
             if isinstance(participant, SchedulerParticipant):
                 result.extend(job.to_dict() for job in participant.scheduler.statistics().jobs)
         return result
+
+
+def _oldest_first(item: InFlightItem) -> float:
+    age = item["ageMs"]
+    return 1.0 if age is None else -age  # an unknown age after every known one
+
+
+def _telemetry(
+    runtime: Runtime,
+    clock: Clock,
+    tracer_provider: TracerProvider | None,
+    meter_provider: MeterProvider | None,
+) -> object | None:
+    """The runtime's spans and metrics when ``opentelemetry-api`` is installed (``[otel]``);
+    without it, nothing (and a provider passed anyway is a configuration error)."""
+    try:
+        from .otel import RuntimeTelemetry
+    except ImportError as error:
+        if not (error.name or "").startswith("opentelemetry"):
+            raise
+        if tracer_provider is not None or meter_provider is not None:
+            raise ConfigurationError(
+                detail="tracer_provider= and meter_provider= need OpenTelemetry's API: "
+                "pip install 'forgezero-lifecycle[otel]'"
+            ) from None
+        return None
+    return RuntimeTelemetry(
+        runtime, clock=clock, tracer_provider=tracer_provider, meter_provider=meter_provider
+    )
 
 
 def _metrics_endpoint(runtime: Runtime, registry: CollectorRegistry) -> Document:

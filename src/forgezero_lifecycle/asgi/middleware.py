@@ -68,7 +68,8 @@ server) goes through a per-request responder that does the same on the messages.
 
 No per-request state lives on ``self`` but the set of running uvicorn cycles and hypercorn
 streams a drain acts on, and the set of running wrapped requests the cutoff looks through;
-everything else per request is a local or a closure.
+everything else per request is a local or a closure. A status names the oldest of them from
+these sets alone (:mod:`._in_flight`): the request path records nothing more for it.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ import importlib.metadata
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
+from time import monotonic as _now
 from types import CoroutineType
 from typing import Any, Final, final
 
@@ -91,6 +93,7 @@ from ._blocked import tasks_blocked_in
 from ._body import discard_body
 from ._drain_messages import ABANDONED_CODE, CLOSE_HEADER, abandoned, response_cut
 from ._hypercorn import HTTP1, KNOWN_STREAMS, DrainSend
+from ._in_flight import InFlightItem, oldest
 from ._notice import EXTENSION, DrainNotice, Listener, NoticeBoard
 from ._paths import app_path
 from ._teardown import Teardown
@@ -314,6 +317,11 @@ class InFlightMiddleware:
             if responder.cancelled is not None:
                 responder.forgive_cancel()  # the app swallowed the cutoff's CancelledError
             gate.release_http()
+
+    def oldest_in_flight(self, limit: int) -> list[InFlightItem]:
+        """The ``limit`` oldest requests and sessions running now, oldest first (what a
+        drain waits for, as its status ``detail`` names it: :mod:`._in_flight`)."""
+        return oldest(self._running, self._wrapped, self._sessions, limit)
 
     def _route(self, scope: Scope) -> ASGIApp | None:
         """Where a scope the hot path did not take goes: an app to hand it to, or None for the
@@ -572,7 +580,7 @@ class InFlightMiddleware:
             gate.refused_websocket += 1
             await self._refuse_websocket(scope, receive, send)
             return
-        session = _WebSocketSession(gate, send, self._close_code)
+        session = _WebSocketSession(gate, send, self._close_code, scope)
         _offer(scope, DrainNotice(self._board, session))
         sessions = self._sessions
         sessions.add(session)
@@ -649,11 +657,16 @@ class _WebSocketSession(_GivenUpAtCutoff):
         "app_closed",
         "ended",
         "responding",
+        "scope",
         "sending",
+        "since",
     )
 
-    def __init__(self, gate: IntakeGate, send: Send, close_code: int) -> None:
+    def __init__(self, gate: IntakeGate, send: Send, close_code: int, scope: Scope) -> None:
         self._gate = gate
+        #: The session's scope and when it was admitted, for the status ``detail``.
+        self.scope = scope
+        self.since = _now()
         self._send = send
         self._close_code = close_code
         self._lock = asyncio.Lock()
@@ -783,12 +796,17 @@ class _HttpResponder(_GivenUpAtCutoff):
         "closes",
         "disconnected",
         "finished",
+        "scope",
         "sending",
+        "since",
         "started",
     )
 
     def __init__(self, gate: IntakeGate, receive: Receive, send: Send, scope: Scope) -> None:
         self._gate = gate
+        #: The request's scope and when it was admitted, for the status ``detail``.
+        self.scope = scope
+        self.since = _now()
         self._receive = receive
         self._send = send
         #: A method whose requests carry no body: the first receive() needs no inspection.
