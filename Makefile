@@ -14,7 +14,8 @@ export FORGEZERO_BENCH_POSTGRES_DSN ?= $(LOCAL_POSTGRES_DSN)
 PG_ANSWERS = $(BIN)/python -c 'import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=3).close()'
 TEST_POSTGRES_DSN = $(or $(FORGEZERO_TEST_POSTGRES_DSN),$(shell $(PG_ANSWERS) '$(LOCAL_POSTGRES_DSN)' >/dev/null 2>&1 && echo '$(LOCAL_POSTGRES_DSN)'))
 
-.PHONY: install test coverage test-pythons test-oldest test-postgres-dsn lint format docs bench bench-quick \
+.PHONY: install test coverage test-pythons test-oldest test-postgres-dsn lint format docs \
+	bench bench-quick \
 	demo run soak clean
 
 $(STAMP): pyproject.toml
@@ -95,8 +96,26 @@ $(DOCS_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[docs]'
 	touch $(DOCS_STAMP)
 
-docs: $(DOCS_STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+# Mermaid, which draws the site's diagrams, served from the site itself (docs/_ext/hooks.py):
+# dist/mermaid.min.js of the npm registry's `mermaid` package, fetched once with npm. Without
+# npm the site is built all the same, and Material loads Mermaid from a CDN when a page is read.
+MERMAID_VERSION := 11.17.2
+MERMAID_JS := $(VENV)/mermaid-$(MERMAID_VERSION)/mermaid.min.js
+
+$(MERMAID_JS):
+	@if command -v npm >/dev/null 2>&1; then \
+		tmp=$$(mktemp -d) && (cd $$tmp && npm pack --silent mermaid@$(MERMAID_VERSION) >/dev/null) \
+		&& tar -xzf $$tmp/mermaid-$(MERMAID_VERSION).tgz -C $$tmp package/dist/mermaid.min.js \
+		&& mkdir -p $(@D) && mv $$tmp/package/dist/mermaid.min.js $@; \
+		status=$$?; rm -rf $$tmp; exit $$status; \
+	else \
+		echo "make docs: npm not found, so Mermaid is not served from the site (a reader's"; \
+		echo "  browser loads it from a CDN); install Node.js and npm to serve it from the site"; \
+	fi
+
+docs: $(DOCS_STAMP) $(MERMAID_JS)
+	$(if $(wildcard $(MERMAID_JS)),FORGEZERO_DOCS_MERMAID=$(MERMAID_JS)) NO_MKDOCS_2_WARNING=1 \
+		$(BIN)/mkdocs build --strict --site-dir site
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix src tests bench examples
@@ -129,5 +148,5 @@ run: $(STAMP)
 	BIN=$(BIN) examples/run.sh
 
 clean:
-	rm -rf $(VENV) .venv-3.* $(OLDEST) site .coverage .coverage.* .pytest_cache .mypy_cache \
-		.ruff_cache
+	rm -rf $(VENV) .venv-3.* $(OLDEST) site .coverage .coverage.* .pytest_cache \
+		.mypy_cache .ruff_cache
