@@ -14,7 +14,7 @@ export FORGEZERO_BENCH_POSTGRES_DSN ?= $(LOCAL_POSTGRES_DSN)
 PG_ANSWERS = $(BIN)/python -c 'import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=3).close()'
 TEST_POSTGRES_DSN = $(or $(FORGEZERO_TEST_POSTGRES_DSN),$(shell $(PG_ANSWERS) '$(LOCAL_POSTGRES_DSN)' >/dev/null 2>&1 && echo '$(LOCAL_POSTGRES_DSN)'))
 
-.PHONY: install test coverage test-pythons test-oldest test-postgres-dsn lint format docs \
+.PHONY: install test coverage test-pythons test-oldest test-postgres-dsn lint format docs docs-check \
 	bench bench-quick \
 	demo run soak clean
 
@@ -117,6 +117,26 @@ docs: $(DOCS_STAMP) $(MERMAID_JS)
 	$(if $(wildcard $(MERMAID_JS)),FORGEZERO_DOCS_MERMAID=$(MERMAID_JS)) NO_MKDOCS_2_WARNING=1 \
 		$(BIN)/mkdocs build --strict --site-dir site
 
+# The site built, then every page opened in headless Chromium (tests/docs_site.py): console
+# errors, Mermaid that did not render, code or tables wider than their column at 1280 px, broken
+# links and images, tabs that do not switch; screenshots in build/docs-check/. Playwright comes
+# from PyPI (the `docs-check` extra) and drives Debian's `chromium`, which this target installs
+# with apt-get when it is missing and it can (root); otherwise it skips, saying what to install
+# (in CI, CI=true, it fails instead).
+DOCS_CHECK_STAMP := $(VENV)/.docs-check-stamp
+
+$(DOCS_CHECK_STAMP): $(DOCS_STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[docs-check]'
+	touch $(DOCS_CHECK_STAMP)
+
+docs-check: $(DOCS_CHECK_STAMP)
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+		|| [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 \
+		|| { apt-get install -y -q chromium >/dev/null 2>&1 \
+			|| { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }
+	$(MAKE) docs
+	$(BIN)/python tests/docs_site.py site --screenshots build/docs-check
+
 format: $(STAMP)
 	$(BIN)/ruff check --fix src tests bench examples
 	$(BIN)/ruff format src tests bench examples
@@ -148,5 +168,5 @@ run: $(STAMP)
 	BIN=$(BIN) examples/run.sh
 
 clean:
-	rm -rf $(VENV) .venv-3.* $(OLDEST) site .coverage .coverage.* .pytest_cache \
+	rm -rf $(VENV) .venv-3.* $(OLDEST) site build/docs-check .coverage .coverage.* .pytest_cache \
 		.mypy_cache .ruff_cache

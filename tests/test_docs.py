@@ -136,3 +136,10 @@ def test_root_files_linked_on_repository_view() -> None:
         assert (page.parent / match["path"]).is_file(), (page.name, match["path"])
         assert f"]({match['path']})" in match["shown"], (page.name, match["shown"])
 
+
+def test_docs_check_names_pages_that_exist() -> None:
+    """The pages make docs-check photographs or counts the diagrams of are pages of docs/."""
+    from tests import docs_site
+
+    for path in [*docs_site.EXPECTED, *docs_site.SCREENSHOTS]:
+        assert path == "" or (ROOT / "docs" / f"{path.rstrip('/')}.md").is_file(), path
