@@ -130,10 +130,13 @@ $(DOCS_CHECK_STAMP): $(DOCS_STAMP) pyproject.toml
 	touch $(DOCS_CHECK_STAMP)
 
 docs-check: $(DOCS_CHECK_STAMP)
-	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
-		|| [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 \
-		|| { apt-get install -y -q chromium >/dev/null 2>&1 \
-			|| { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }
+	@if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 \
+		&& [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "make docs-check: installing Debian's chromium"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q chromium >/dev/null 2>&1 \
+			|| { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; \
+	fi
 	$(MAKE) docs
 	$(BIN)/python tests/docs_site.py site --screenshots build/docs-check
 
