@@ -1,8 +1,11 @@
-"""docs/ says what the code does where a page lists the code's own names.
+"""docs/ says what the code does where a page lists the code's own names, and reads whole.
 
 The wire protocol page's table lists every control path the package defines (the supervisor's
-included) and nothing else. The site itself is built by ``make docs`` (``mkdocs --strict``: a
-broken link, anchor or API reference fails), in CI after ``make lint``.
+included) and nothing else; the API reference starts with Runtime under public paths. Every code
+line fits 88 columns, no page has an include line, and a page's copy of an example file is that
+file. The site itself is built by ``make docs`` (``mkdocs --strict``: a broken link, anchor or
+API reference fails) and opened page by page in Chromium by ``make docs-check``
+(tests/docs_site.py), in CI after ``make lint``.
 """
 
 from __future__ import annotations
