@@ -14,7 +14,8 @@ export FORGEZERO_BENCH_POSTGRES_DSN ?= $(LOCAL_POSTGRES_DSN)
 PG_ANSWERS = $(BIN)/python -c 'import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=3).close()'
 TEST_POSTGRES_DSN = $(or $(FORGEZERO_TEST_POSTGRES_DSN),$(shell $(PG_ANSWERS) '$(LOCAL_POSTGRES_DSN)' >/dev/null 2>&1 && echo '$(LOCAL_POSTGRES_DSN)'))
 
-.PHONY: install test coverage test-pythons test-oldest test-postgres-dsn lint format docs bench bench-quick \
+.PHONY: install test coverage test-pythons test-oldest test-postgres-dsn lint format docs docs-check \
+	bench bench-quick \
 	demo run soak clean
 
 $(STAMP): pyproject.toml
@@ -95,8 +96,49 @@ $(DOCS_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[docs]'
 	touch $(DOCS_STAMP)
 
-docs: $(DOCS_STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+# Mermaid, which draws the site's diagrams, served from the site itself (docs/_ext/hooks.py):
+# dist/mermaid.min.js of the npm registry's `mermaid` package, fetched once with npm. Without
+# npm the site is built all the same, and Material loads Mermaid from a CDN when a page is read.
+MERMAID_VERSION := 11.17.2
+MERMAID_JS := $(VENV)/mermaid-$(MERMAID_VERSION)/mermaid.min.js
+
+$(MERMAID_JS):
+	@if command -v npm >/dev/null 2>&1; then \
+		tmp=$$(mktemp -d) && (cd $$tmp && npm pack --silent mermaid@$(MERMAID_VERSION) >/dev/null) \
+		&& tar -xzf $$tmp/mermaid-$(MERMAID_VERSION).tgz -C $$tmp package/dist/mermaid.min.js \
+		&& mkdir -p $(@D) && mv $$tmp/package/dist/mermaid.min.js $@; \
+		status=$$?; rm -rf $$tmp; exit $$status; \
+	else \
+		echo "make docs: npm not found, so Mermaid is not served from the site (a reader's"; \
+		echo "  browser loads it from a CDN); install Node.js and npm to serve it from the site"; \
+	fi
+
+docs: $(DOCS_STAMP) $(MERMAID_JS)
+	$(if $(wildcard $(MERMAID_JS)),FORGEZERO_DOCS_MERMAID=$(MERMAID_JS)) NO_MKDOCS_2_WARNING=1 \
+		$(BIN)/mkdocs build --strict --site-dir site
+
+# The site built, then every page opened in headless Chromium (tests/docs_site.py): console
+# errors, Mermaid that did not render, code or tables wider than their column at 1280 px, broken
+# links and images, tabs that do not switch; screenshots in build/docs-check/. Playwright comes
+# from PyPI (the `docs-check` extra) and drives Debian's `chromium`, which this target installs
+# with apt-get when it is missing and it can (root); otherwise it skips, saying what to install
+# (in CI, CI=true, it fails instead).
+DOCS_CHECK_STAMP := $(VENV)/.docs-check-stamp
+
+$(DOCS_CHECK_STAMP): $(DOCS_STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[docs-check]'
+	touch $(DOCS_CHECK_STAMP)
+
+docs-check: $(DOCS_CHECK_STAMP)
+	@if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 \
+		&& [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "make docs-check: installing Debian's chromium"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q chromium >/dev/null 2>&1 \
+			|| { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; \
+	fi
+	$(MAKE) docs
+	$(BIN)/python tests/docs_site.py site --screenshots build/docs-check
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix src tests bench examples
@@ -129,5 +171,5 @@ run: $(STAMP)
 	BIN=$(BIN) examples/run.sh
 
 clean:
-	rm -rf $(VENV) .venv-3.* $(OLDEST) site .coverage .coverage.* .pytest_cache .mypy_cache \
-		.ruff_cache
+	rm -rf $(VENV) .venv-3.* $(OLDEST) site build/docs-check .coverage .coverage.* .pytest_cache \
+		.mypy_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""Durable jobs in a FastAPI app, on PostgreSQL: docs/jobs.md's quick start, second part."""
+"""Durable jobs in a FastAPI app, on PostgreSQL: docs/jobs.md's quick start, part 2."""
 
 import os
 from collections.abc import AsyncIterator
@@ -19,6 +19,8 @@ runtime = Runtime(
 )
 runtime.add(worker)
 
+RECEIPTS_TABLE = "CREATE TABLE IF NOT EXISTS receipts (order_id TEXT PRIMARY KEY)"
+
 
 @worker.handler("send-receipt")
 async def send_receipt(lease: Lease[Any]) -> None:
@@ -31,7 +33,7 @@ async def send_receipt(lease: Lease[Any]) -> None:
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     await store.open()
     async with store.transaction() as conn:
-        await conn.execute("CREATE TABLE IF NOT EXISTS receipts (order_id TEXT PRIMARY KEY)")
+        await conn.execute(RECEIPTS_TABLE)
     worker.start()
     try:
         yield
@@ -47,7 +49,8 @@ runtime.install(app)
 
 @app.post("/orders/{order}", status_code=202)
 async def place_order(order: str) -> dict[str, int]:
-    job = await store.enqueue("send-receipt", {"order": order}, idempotency_key=f"receipt:{order}")
+    key = f"receipt:{order}"
+    job = await store.enqueue("send-receipt", {"order": order}, idempotency_key=key)
     return {"job": job.id}
 
 

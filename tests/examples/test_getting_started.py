@@ -25,8 +25,9 @@ PAGE: Final = (ROOT / "docs" / "getting-started.md").read_text()
 
 
 def blocks(language: str) -> list[str]:
-    """The page's unindented ``language`` blocks (those inside a server's tab are indented)."""
-    return re.findall(rf"^```{language}\n(.*?)^```$", PAGE, re.MULTILINE | re.DOTALL)
+    """The page's ``language`` blocks outside the servers' tabs (``/// tab | ...`` to ``///``)."""
+    outside_tabs = re.sub(r"^/// tab \|.*?^///$", "", PAGE, flags=re.MULTILINE | re.DOTALL)
+    return re.findall(rf"^```{language}\n(.*?)^```$", outside_tabs, re.MULTILINE | re.DOTALL)
 
 
 def test_app_is_the_quick_start() -> None:

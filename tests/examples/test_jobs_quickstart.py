@@ -1,11 +1,12 @@
 """docs/jobs.md's quick start runs as written: its apps and its commands, SQLite then PostgreSQL.
 
-Each app (examples/jobs/app.py, examples/jobs/app_postgres.py, which the page includes as they
-are) is saved under the name the page gives it, and the page's commands run in one shell: a real
-``forgezero-lifecycle serve`` on a free port, the orders posted twice (one job), the receipt
-written by the job's handler, SIGTERM drained to exit 0. Substituted: the port, the ``pip install``
-line (the test environment has the extras), the PostgreSQL DSN (a database of the test's own) and
-the page's ``sleep 1`` (a bounded wait for the receipt instead: no timing assumption).
+Each app (examples/jobs/app.py, examples/jobs/app_postgres.py, which the page shows as they
+are: tests/test_docs.py) is saved under the name the page gives it, and the page's commands run
+in one shell: a real ``forgezero-lifecycle serve`` on a free port, the orders posted twice (one
+job), the receipt written by the job's handler, SIGTERM drained to exit 0. Substituted: the port,
+the ``pip install`` line (the test environment has the extras), the PostgreSQL DSN (a database
+of the test's own) and the page's ``sleep 1`` (a bounded wait for the receipt instead: no
+timing assumption).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def console(text: str) -> list[str]:
 
 
 def included(text: str) -> list[str]:
-    return re.findall(r'^--8<-- "(examples/jobs/[\w.]+)"$', text, re.MULTILINE)
+    return re.findall(r"^<!-- copy of (examples/jobs/[\w.]+):", text, re.MULTILINE)
 
 
 def run_commands(tmp_path: Path, commands: str, env: dict[str, str]) -> tuple[int, str]:

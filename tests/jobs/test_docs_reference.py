@@ -23,19 +23,24 @@ JOBS_PAGE = (Path(__file__).resolve().parents[2] / "docs" / "jobs.md").read_text
 
 
 def test_reference_lists_options() -> None:
-    """docs/jobs.md's JobWorker reference lists every option with its default: a new option,
-    or a changed default, must show in the reference block too."""
+    """docs/jobs.md's JobWorker reference lists every option with its default, in the signature
+    and in the table: a new option, or a changed default, must show in the reference too."""
     start = JOBS_PAGE.index("## `JobWorker` reference")
-    block = JOBS_PAGE[start : JOBS_PAGE.index("```\n", JOBS_PAGE.index("```python", start) + 9)]
-    written = dict(re.findall(r"^    (\w+)(?:=(\S+?))?,", block, re.MULTILINE))
+    section = JOBS_PAGE[start : JOBS_PAGE.index("\n## ", start + 1)]
+    signature = section[
+        section.index("```python") : section.index("```\n", section.index("```python") + 9)
+    ]
+    rows = dict(re.findall(r"^\| `(\w+)` \|([^|]*)\|", section, re.MULTILINE))
     for name, parameter in inspect.signature(JobWorker).parameters.items():
-        assert name in written, name
+        assert name in rows, name
         default = parameter.default
         if default is inspect.Parameter.empty:
-            assert written[name] == "", name
+            assert rows[name].strip() == "", name
+            assert re.search(rf"\b{name}[,)]", signature), name
         else:
             shown = getattr(default, "__name__", repr(default))
-            assert written[name] == shown, (name, written[name], shown)
+            assert rows[name].strip().split(":")[0] == f"`{shown}`", (name, rows[name], shown)
+            assert f"{name}={shown}" in signature, (name, shown)
 
 
 DRAIN_PAGE = (Path(__file__).resolve().parents[2] / "docs" / "drain.md").read_text()
