@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import socket
 import sys
@@ -65,10 +66,11 @@ logger = logging.getLogger("forgezero_lifecycle.gunicorn")
 GRACEFUL_MARGIN: Final = 5.0
 
 
-def required_graceful_timeout(drain_timeout: float) -> float:
-    """The least ``--graceful-timeout`` under which a worker's stop with a drain deadline of
-    ``drain_timeout`` seconds is never killed by the arbiter."""
-    return HANDOVER_GRACE + drain_timeout + LINGER_TIMEOUT + GRACEFUL_MARGIN
+def required_graceful_timeout(drain_timeout: float) -> int:
+    """The least ``--graceful-timeout`` (whole seconds, as gunicorn takes it) under which a
+    worker's stop with a drain deadline of ``drain_timeout`` seconds is never killed by the
+    arbiter."""
+    return math.ceil(HANDOVER_GRACE + drain_timeout + LINGER_TIMEOUT + GRACEFUL_MARGIN)
 
 
 class UvicornWorker(_UvicornWorker):
@@ -112,8 +114,8 @@ class UvicornWorker(_UvicornWorker):
         graceful = float(self.cfg.graceful_timeout)
         if graceful < needed:
             logger.warning(
-                "gunicorn.graceful_timeout_too_short graceful_timeout=%.0f needed=%.0f: gunicorn "
-                "kills a worker still draining; set --graceful-timeout to at least %.0f (the "
+                "gunicorn.graceful_timeout_too_short graceful_timeout=%g needed=%d: gunicorn "
+                "kills a worker still draining; set --graceful-timeout to at least %d (the "
                 "handover grace %.1f s + signal_drain_timeout %.1f s + the lingering close)",
                 graceful,
                 needed,

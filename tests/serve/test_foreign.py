@@ -189,8 +189,8 @@ def test_gunicorn_short_timeout_warns(tmp_path: Path) -> None:
     try:
         _wait_serving(process, url, log_path, seen)
         text = log_path.read_text()
-        assert text.count("gunicorn.graceful_timeout_too_short graceful_timeout=10 needed=38") == 2
-        assert "set --graceful-timeout to at least 38" in text
+        assert text.count("gunicorn.graceful_timeout_too_short graceful_timeout=10 needed=39") == 2
+        assert "set --graceful-timeout to at least 39" in text
     finally:
         survivors = _end(process, seen, signal.SIGTERM)
     assert survivors == []

@@ -78,7 +78,7 @@ def _command(kind: str, port: int) -> list[str]:
         return [
             sys.executable, "-m", "gunicorn", "tests.serve.reliability_app:app", "-w", "2",
             "-k", WORKER_CLASSES[kind], "-b", f"127.0.0.1:{port}",
-            "--graceful-timeout", str(int(required_graceful_timeout(DRAIN_TIMEOUT)) + 1),
+            "--graceful-timeout", str(required_graceful_timeout(DRAIN_TIMEOUT)),
             # gunicorn's keep-alive is 2 s, the load's idle expiry too: at equal timeouts a request
             # meets the server's idle close, drain or not (docs/servers.md); uvicorn's is 5 s.
             "--keep-alive", str(GUNICORN_KEEP_ALIVE),

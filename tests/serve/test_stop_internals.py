@@ -66,7 +66,7 @@ def test_gunicorn_graceful_timeout() -> None:
     from forgezero_lifecycle.gunicorn import required_graceful_timeout
 
     assert required_graceful_timeout(30.0) > HANDOVER_GRACE + 30.0 + LINGER_TIMEOUT
-    assert required_graceful_timeout(30.0) == 38.5
+    assert required_graceful_timeout(30.0) == 39  # 38.5 s, in whole seconds
 
 
 def test_protocol_mismatch_named(
