@@ -7,12 +7,13 @@ import argparse
 import dataclasses
 import inspect
 import os
+import re
 import socket
 import ssl
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import orjson
 import pytest
@@ -286,3 +287,61 @@ def test_value_errors_are_configuration_errors() -> None:
     for build in bad:
         with pytest.raises(ConfigurationError):
             build()
+
+
+SERVE_PAGE: Final = Path(__file__).resolve().parents[2] / "docs" / "serve.md"
+#: What the table's second column starts with, and whether serve then takes the flag.
+STATUSES: Final = {
+    "supported": True,
+    "own meaning": True,
+    "not supported": False,
+    "does not apply": False,
+}
+
+
+def _uvicorn_table() -> dict[str, str]:
+    """docs/serve.md's table of uvicorn's options: each flag (and ``APP``) and its status."""
+    text = SERVE_PAGE.read_text()
+    start = text.index("| uvicorn | serve |")
+    rows = text[start : text.index("\n\n", start)].splitlines()[2:]
+    table: dict[str, str] = {}
+    for row in rows:
+        _, names, meaning, _ = row.split("|")
+        status = next(s for s in STATUSES if meaning.strip().startswith(s))
+        for name in re.findall(r"`(APP|--[a-z0-9-]+)`", names):
+            assert name not in table, f"{name} twice"
+            table[name] = status
+    return table
+
+
+def _uvicorns_options() -> set[str]:
+    """Every option string of the installed uvicorn's command (``APP`` for its argument)."""
+    names: set[str] = set()
+    for param in uvicorn.main.params:
+        if param.param_type_name == "argument":
+            names.add("APP")
+        else:
+            names.update(param.opts, param.secondary_opts)
+    return names
+
+
+def test_table_names_every_uvicorn_option() -> None:
+    """docs/serve.md maps every option of the installed uvicorn, and no other: a new uvicorn
+    option fails here until the table says what serve makes of it."""
+    assert set(_uvicorn_table()) == _uvicorns_options()
+
+
+def test_table_says_what_serve_takes() -> None:
+    """A flag the table calls supported (or serve's own) is one ``serve --help`` lists; one it
+    calls not supported or not applying is not a flag of serve's."""
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    flags = {option for action in serve._actions for option in action.option_strings}
+    help_text = serve.format_help()
+    for name, status in _uvicorn_table().items():
+        if name == "APP":
+            continue
+        if STATUSES[status]:
+            assert name in flags, f"{name} is {status} but not a flag of serve"
+            assert name in help_text
+        else:
+            assert name not in flags, f"{name} is a flag of serve, but the table says {status}"
