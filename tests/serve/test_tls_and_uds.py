@@ -1,5 +1,6 @@
 """The same-port handover (SIGHUP) and the zero-loss stop (SIGTERM) of ``serve --workers 2``
-over TLS (``--ssl-certfile``) and over a unix socket (``--uds``), under keep-alive load.
+over TLS (``--ssl-certfile``), over a unix socket (``--uds``) and on an inherited socket
+(``--fd``), under keep-alive load.
 
 Twenty clients, each on one keep-alive connection, send requests through a handover and then
 through the stop. A request is answered (200), refused (503 ``RUNTIME_DRAINING``, or the
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import ssl
 import sys
 import time
@@ -92,6 +94,8 @@ class Transport:
     flags: tuple[str, ...]
     client: Callable[[], httpx.AsyncClient]
     where: Path | None = None
+    #: A listening socket handed to the supervisor (``--fd``), closed here once it has it.
+    inherited: socket.socket | None = None
 
 
 def _limits() -> httpx.Limits:
@@ -100,13 +104,19 @@ def _limits() -> httpx.Limits:
     )
 
 
-@pytest.fixture(params=["tls", "uds"])
-def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Transport:
+def _tcp_client(port: int) -> Callable[[], httpx.AsyncClient]:
+    return lambda: httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", limits=_limits(), timeout=BOUND, trust_env=False
+    )
+
+
+@pytest.fixture(params=["tls", "uds", "fd"])
+def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Transport]:
     if request.param == "tls":
         certificate, key = self_signed(tmp_path)
         context = ssl.create_default_context(cafile=str(certificate))
         port = free_port()
-        return Transport(
+        yield Transport(
             ("--port", str(port), "--ssl-certfile", str(certificate), "--ssl-keyfile", str(key)),
             lambda: httpx.AsyncClient(
                 base_url=f"https://127.0.0.1:{port}",
@@ -116,17 +126,25 @@ def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Transport:
                 trust_env=False,
             ),
         )
-    path = tmp_path / "app.sock"
-    return Transport(
-        ("--uds", str(path)),
-        lambda: httpx.AsyncClient(
-            base_url="http://localhost",
-            transport=httpx.AsyncHTTPTransport(uds=str(path), limits=_limits()),
-            timeout=BOUND,
-            trust_env=False,
-        ),
-        where=path,
-    )
+    elif request.param == "uds":
+        path = tmp_path / "app.sock"
+        yield Transport(
+            ("--uds", str(path)),
+            lambda: httpx.AsyncClient(
+                base_url="http://localhost",
+                transport=httpx.AsyncHTTPTransport(uds=str(path), limits=_limits()),
+                timeout=BOUND,
+                trust_env=False,
+            ),
+            where=path,
+        )
+    else:  # a process manager's socket, bound (not listening yet) and passed on
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        with sock:
+            yield Transport(
+                ("--fd", str(sock.fileno())), _tcp_client(sock.getsockname()[1]), inherited=sock
+            )
 
 
 @pytest.fixture
@@ -136,7 +154,10 @@ def supervised(tmp_path: Path) -> Iterator[Callable[..., Supervised]]:
     started: list[Supervised] = []
 
     def start(
-        *flags: str, target: str = "tests.serve.apps:app", env: dict[str, str] | None = None
+        *flags: str,
+        target: str = "tests.serve.apps:app",
+        env: dict[str, str] | None = None,
+        inherited: socket.socket | None = None,
     ) -> Supervised:
         records = tmp_path / f"records-{len(started)}"
         records.mkdir()
@@ -152,7 +173,10 @@ def supervised(tmp_path: Path) -> Iterator[Callable[..., Supervised]]:
             "FZW_RECORDS": str(records),
             **(env or {}),
         }
-        process = popen_logged(command, environment, log_path)
+        pass_fds = () if inherited is None else (inherited.fileno(),)
+        process = popen_logged(command, environment, log_path, pass_fds)
+        if inherited is not None:
+            inherited.close()  # the supervisor's now: its stop is the last to close it
         served = Supervised("", process, log_path, records)
         started.append(served)
         served.wait_for(
@@ -186,9 +210,9 @@ async def test_handover_and_stop_lose_nothing(
     transport: Transport, supervised: Callable[..., Supervised]
 ) -> None:
     """Through a SIGHUP handover and then a SIGTERM stop under 20 keep-alive clients, over
-    TLS or a unix socket: nothing lost, nothing refused by the handover, both generations
+    TLS, a unix socket or an inherited descriptor: nothing lost, nothing refused by the handover, both generations
     answered, the stop drained (exit 0), and a unix socket's path is gone after it."""
-    served = supervised(*transport.flags)
+    served = supervised(*transport.flags, inherited=transport.inherited)
     load = Load(transport.client)
     async with anyio.create_task_group() as group:
         group.start_soon(load.run)

@@ -18,6 +18,7 @@ read, so the workers never mistake them for their own.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import stat
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Final, final
 
 from .._errors import ConfigurationError
+from ..stop.sockets import accept_new_connections
 
 __all__ = [
     "BACKLOG",
@@ -37,6 +39,8 @@ __all__ = [
     "own_listeners",
     "systemd_listeners",
 ]
+
+logger = logging.getLogger("forgezero_lifecycle.serve")
 
 #: The accept queue of a socket the supervisor binds: it outlives every generation.
 BACKLOG: Final = 2048
@@ -147,6 +151,8 @@ def _listening_socket(
     except ConfigurationError:
         sock.detach()  # the descriptor stays its owner's
         raise
+    if accept_new_connections(sock):  # a previous serve's stop left its filter on it
+        logger.info("listeners.syn_filter_removed fd=%d", fd)
     os.set_inheritable(fd, False)  # passed to workers explicitly, never by accident
     return sock
 

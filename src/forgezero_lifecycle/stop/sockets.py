@@ -34,9 +34,15 @@ import sys
 from pathlib import Path
 from typing import Final, Protocol
 
-__all__ = ["accept_queue_length", "refuse_new_connections", "unlink_unix_path"]
+__all__ = [
+    "accept_new_connections",
+    "accept_queue_length",
+    "refuse_new_connections",
+    "unlink_unix_path",
+]
 
 _SO_ATTACH_FILTER: Final = 26
+_SO_DETACH_FILTER: Final = 27
 #: The flag of a listening socket in ``/proc/net/unix``.
 _SO_ACCEPTCON: Final = 0x10000
 #: ``struct tcp_info``: eight one-byte fields, then ``tcpi_rto, ato, snd_mss, rcv_mss, unacked``.
@@ -137,6 +143,22 @@ def refuse_new_connections(sock: ListeningSocket) -> bool:
         sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, _FPROG)
     except OSError:
         return False
+    return True
+
+
+def accept_new_connections(sock: ListeningSocket) -> bool:
+    """Undo :func:`refuse_new_connections`: remove a socket filter from ``sock``.
+
+    For a listener this process is handed (systemd's, ``--fd``): the process that held it
+    before may have stopped on it, leaving new handshakes dropped, and whoever passed it on
+    (systemd keeps its sockets across restarts) kept it so. Returns whether a filter was removed.
+    """
+    if not _is_tcp(sock):
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_DETACH_FILTER, b"\0\0\0\0")
+    except OSError:
+        return False  # none attached (ENOENT)
     return True
 
 
