@@ -149,7 +149,7 @@ def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Transp
 
 @pytest.fixture
 def supervised(tmp_path: Path) -> Iterator[Callable[..., Supervised]]:
-    """Start ``serve TARGET --workers 2 FLAGS``; stopped (and every worker
+    """Start ``serve TARGET --workers N FLAGS`` (``workers=0``: plain ``serve``); stopped (and every worker
     checked gone) at the end."""
     started: list[Supervised] = []
 
@@ -158,14 +158,15 @@ def supervised(tmp_path: Path) -> Iterator[Callable[..., Supervised]]:
         target: str = "tests.serve.apps:app",
         env: dict[str, str] | None = None,
         inherited: socket.socket | None = None,
+        workers: int = 2,
     ) -> Supervised:
         records = tmp_path / f"records-{len(started)}"
         records.mkdir()
         log_path = tmp_path / f"supervisor-{len(started)}.log"
         command = [
             sys.executable, "-m", "forgezero_lifecycle", "serve", target,
-            "--workers", "2", "--no-access-log", "--handover-grace", "1s",
-            "--drain-timeout", "20s", *flags,
+            *(("--workers", str(workers)) if workers else ()), "--no-access-log",
+            "--handover-grace", "1s", "--drain-timeout", "20s", *flags,
         ]  # fmt: skip
         environment = {
             **os.environ,
@@ -179,9 +180,8 @@ def supervised(tmp_path: Path) -> Iterator[Callable[..., Supervised]]:
             inherited.close()  # the supervisor's now: its stop is the last to close it
         served = Supervised("", process, log_path, records)
         started.append(served)
-        served.wait_for(
-            lambda: "supervisor.serving" in served.log() or process.poll() is not None, "serving"
-        )
+        serving = "supervisor.serving" if workers else "Application startup complete"
+        served.wait_for(lambda: serving in served.log() or process.poll() is not None, "serving")
         assert process.poll() is None, f"serve exited {process.returncode}:\n{served.log()}"
         return served
 
@@ -260,3 +260,24 @@ def test_state_is_handed_over_under_tls(
     handed = sorted(re.findall(r"supervisor\.state_handed_over worker=(\d+)", log))
     assert handed == ["0", "1"], log
     assert "state_handoff_failed" not in log
+
+
+async def test_single_process_stop_loses_nothing(
+    transport: Transport, supervised: Callable[..., Supervised]
+) -> None:
+    """Plain ``serve`` (one process) on the same transports: its own stop at SIGTERM under 20
+    keep-alive clients loses nothing, drains (exit 0) and leaves no socket file behind."""
+    served = supervised(*transport.flags, inherited=transport.inherited, workers=0)
+    load = Load(transport.client)
+    async with anyio.create_task_group() as group:
+        group.start_soon(load.run)
+        await _until(lambda: load.answered >= 200, "answered", served)
+        served.signal(signal.SIGTERM)
+        await _until(lambda: served.process.poll() is not None, "stopped", served)
+        load.stopping.set()
+    log = served.log()
+    assert load.lost == [], f"{len(load.lost)} lost: {load.lost[:5]}\n{log}"
+    assert served.process.returncode == 0, log
+    assert "serve.stopped drain=drained" in log
+    if transport.where is not None:
+        assert not transport.where.exists()

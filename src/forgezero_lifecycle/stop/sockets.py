@@ -104,13 +104,13 @@ def unlink_unix_path(sock: ListeningSocket) -> bool:
     it. Returns whether new connections can no longer reach ``sock``."""
     if not _is_unix(sock):
         return False
-    path = sock.getsockname()
-    if not isinstance(path, str) or not path:  # unnamed, or the abstract namespace
-        return False
     try:
+        path = sock.getsockname()
         inode = os.fstat(sock.fileno()).st_ino
         table = Path("/proc/net/unix").read_text(errors="replace").splitlines()[1:]
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # closed already
+        return False
+    if not isinstance(path, str) or not path:  # unnamed, or the abstract namespace
         return False
     # Listening sockets (``__SO_ACCEPTCON`` in the flags) bound at the path; the accepted
     # connections' sockets carry the path too, and are not among them.
