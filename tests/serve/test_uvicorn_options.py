@@ -30,6 +30,7 @@ from forgezero_lifecycle.serve.options import (
 )
 from forgezero_lifecycle.serve.server import uvicorn_config
 from forgezero_lifecycle.serve.uvicorn_options import (
+    NOT_TAKEN,
     UvicornOptions,
     check,
     config_arguments,
@@ -331,17 +332,36 @@ def test_table_names_every_uvicorn_option() -> None:
     assert set(_uvicorn_table()) == _uvicorns_options()
 
 
+def _serve_parser() -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    return parser
+
+
 def test_table_says_what_serve_takes() -> None:
-    """A flag the table calls supported (or serve's own) is one ``serve --help`` lists; one it
-    calls not supported or not applying is not a flag of serve's."""
-    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    """A flag the table calls supported (or serve's own) is a flag of serve's; one it calls
+    not supported or not applying is none, and ``serve --help`` names it among those not
+    taken (``NOT_TAKEN``), for the same reason."""
+    serve = _serve_parser()
     flags = {option for action in serve._actions for option in action.option_strings}
-    help_text = serve.format_help()
+    not_taken = {flag for names, _ in NOT_TAKEN for flag in names}
+    assert not_taken <= _uvicorns_options()
     for name, status in _uvicorn_table().items():
         if name == "APP":
             continue
         if STATUSES[status]:
             assert name in flags, f"{name} is {status} but not a flag of serve"
-            assert name in help_text
         else:
             assert name not in flags, f"{name} is a flag of serve, but the table says {status}"
+            assert name in not_taken, f"{name}: serve --help does not say it is not taken"
+
+
+def test_help_names_every_uvicorn_option() -> None:
+    """``serve --help`` names each option of the installed uvicorn: as a flag of serve's, or
+    among the ones not taken, with why."""
+    text = _serve_parser().format_help()
+    missing = [
+        name
+        for name in sorted(_uvicorns_options() - {"APP"})
+        if not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text)
+    ]
+    assert missing == []

@@ -33,6 +33,7 @@ import inspect
 import logging.config
 import os
 import ssl
+import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ from .._internals import uvicorn as _uvicorn
 
 __all__ = [
     "LOOPS",
+    "NOT_TAKEN",
     "UvicornOptions",
     "add_uvicorn_arguments",
     "check",
@@ -53,6 +55,35 @@ __all__ = [
     "loop_factory",
     "uvicorn_options_from_args",
 ]
+
+#: uvicorn's options ``serve`` does not take, and why (``serve --help`` lists them; the table
+#: in docs/serve.md says the same, tests/serve/test_uvicorn_options.py keeps them equal).
+NOT_TAKEN: Final = (
+    (
+        ("--reload", "--reload-dir", "--reload-include", "--reload-exclude", "--reload-delay"),
+        "serve --workers hands over to a new generation (the code imported anew) on SIGHUP "
+        "or `forgezero-lifecycle reload`",
+    ),
+    (
+        ("--http2",),
+        "needs uvicorn's zttp protocol; the zero-loss stop wraps h11 and httptools",
+    ),
+    (("--interface",), "serve serves ASGI 3 apps: wrap an ASGI 2 or WSGI app first"),
+    (
+        ("--limit-max-requests", "--limit-max-requests-jitter"),
+        "uvicorn stops the worker, losing what it holds; serve recycles one with nothing lost "
+        "(--max-requests, --max-requests-jitter)",
+    ),
+    (
+        ("--timeout-graceful-shutdown",),
+        "--drain-timeout is the one deadline; uvicorn's is set above it",
+    ),
+    (
+        ("--timeout-worker-healthcheck",),
+        "the supervisor's watchdog (--worker-timeout) replaces a worker that stops answering",
+    ),
+    (("--version",), "forgezero-lifecycle --version"),
+)
 
 #: ``--loop``'s names (anything else is ``module:attribute`` of a loop factory, as in uvicorn).
 LOOPS: Final = ("none", "auto", "asyncio", "uvloop")
@@ -165,10 +196,16 @@ def _value_problem(options: UvicornOptions) -> str | None:
 def add_uvicorn_arguments(parser: argparse.ArgumentParser) -> None:
     """uvicorn's flags, in one argument group; each default is :class:`UvicornOptions`'."""
     default = UvicornOptions()
+    not_taken = "\n".join(
+        textwrap.fill(
+            f"{', '.join(flags)}: {reason}", width=92, initial_indent="  ", subsequent_indent="    "
+        )
+        for flags, reason in NOT_TAKEN
+    )
     group = parser.add_argument_group(
         "uvicorn options",
-        "uvicorn's own flags, with uvicorn's meanings, applied in every process that serves "
-        "(docs/serve.md maps every uvicorn option)",
+        "uvicorn's own flags, with uvicorn's meanings, applied in every process that serves\n"
+        "(docs/serve.md maps every uvicorn option). Not taken:\n" + not_taken,
     )
     add = group.add_argument
     add("--uds", metavar="PATH", help="bind to this unix socket (not with --host or --port)")
