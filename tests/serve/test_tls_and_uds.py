@@ -110,14 +110,27 @@ def _tcp_client(port: int) -> Callable[[], httpx.AsyncClient]:
     )
 
 
-@pytest.fixture(params=["tls", "uds", "fd"])
+@pytest.fixture(params=["tls", "tls-uvloop", "uds", "fd"])
 def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Transport]:
-    if request.param == "tls":
+    """How serve listens: TLS (also on uvloop, ``--loop uvloop``), ``--uds`` or ``--fd``."""
+    if request.param.startswith("tls"):
         certificate, key = self_signed(tmp_path)
         context = ssl.create_default_context(cafile=str(certificate))
         port = free_port()
+        loop: tuple[str, ...] = ()
+        if request.param == "tls-uvloop":
+            pytest.importorskip("uvloop")  # uvicorn[standard]'s
+            loop = ("--loop", "uvloop")
         yield Transport(
-            ("--port", str(port), "--ssl-certfile", str(certificate), "--ssl-keyfile", str(key)),
+            (
+                "--port",
+                str(port),
+                "--ssl-certfile",
+                str(certificate),
+                "--ssl-keyfile",
+                str(key),
+                *loop,
+            ),
             lambda: httpx.AsyncClient(
                 base_url=f"https://127.0.0.1:{port}",
                 verify=context,
@@ -236,6 +249,9 @@ async def test_handover_and_stop_lose_nothing(
     assert not first & second, log
     assert served.process.returncode == 0, log
     assert "supervisor.stopped drain=drained exit=0" in log
+    loops = re.findall(r"serve\.loop loop=(\w+)\.", log)
+    assert len(loops) == 4, log  # two workers in each generation
+    assert set(loops) == {"uvloop" if "uvloop" in transport.flags else "asyncio"}
     if transport.where is not None:
         assert not transport.where.exists()
 

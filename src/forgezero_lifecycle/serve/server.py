@@ -81,6 +81,7 @@ async def serve_app(
     else:
         logger.info("serve.runtime source=serve: built from the flags (the app has no runtime)")
     loop = asyncio.get_running_loop()
+    logger.info("serve.loop loop=%s.%s", type(loop).__module__, type(loop).__qualname__)
     drain: asyncio.Task[DrainState] | None = None
 
     def on_signal(signum: int) -> None:
