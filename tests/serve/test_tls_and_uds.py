@@ -16,6 +16,7 @@ import re
 import signal
 import socket
 import ssl
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -297,3 +298,37 @@ async def test_single_process_stop_loses_nothing(
     assert "serve.stopped drain=drained" in log
     if transport.where is not None:
         assert not transport.where.exists()
+
+
+def _cli(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "forgezero_lifecycle", *arguments],
+        env={**os.environ, "FORGEZERO_CONTROL_TOKEN": CONTROL_TOKEN},
+        capture_output=True,
+        text=True,
+        timeout=BOUND * 2,
+        check=False,
+    )
+
+
+def test_control_commands_reach_serve_on_a_unix_socket_and_tls(
+    tmp_path: Path, supervised: Callable[..., Supervised]
+) -> None:
+    """The CLI reaches a ``serve --uds`` through ``--uds`` (a reload hands over: done) and a
+    ``serve`` with TLS of a private CA through ``--cacert`` (ready, status)."""
+    path = tmp_path / "app.sock"
+    on_socket = supervised("--uds", str(path))
+    reload = _cli("reload", "--url", "http://localhost", "--uds", str(path))
+    assert reload.returncode == 0, reload.stderr + on_socket.log()
+    assert "done" in reload.stdout
+    certificate, key = self_signed(tmp_path)
+    port = str(free_port())
+    supervised("--port", port, "--ssl-certfile", str(certificate), "--ssl-keyfile", str(key))
+    url = f"https://127.0.0.1:{port}"
+    ready = _cli("ready", "--url", url, "--cacert", str(certificate))
+    assert (ready.returncode, ready.stdout.strip()) == (0, "ready"), ready.stderr
+    status = _cli("status", "--url", url, "--cacert", str(certificate))
+    assert status.returncode == 1, status.stderr  # serving: no drain to show
+    assert "RUNTIME_DRAIN_NOT_FOUND" in status.stderr + status.stdout
+    untrusted = _cli("ready", "--url", url)
+    assert untrusted.returncode == 3, untrusted.stderr  # the system's CAs do not know it
