@@ -332,3 +332,31 @@ def test_control_commands_reach_serve_on_a_unix_socket_and_tls(
     assert "RUNTIME_DRAIN_NOT_FOUND" in status.stderr + status.stdout
     untrusted = _cli("ready", "--url", url)
     assert untrusted.returncode == 3, untrusted.stderr  # the system's CAs do not know it
+
+
+def test_flags_reach_every_worker(supervised: Callable[..., Supervised]) -> None:
+    """``--factory``, ``--header``, ``--no-server-header`` and ``--no-date-header`` under
+    ``--workers 2``: every worker serves the factory's app with uvicorn's default headers as
+    the flags say."""
+    port = free_port()
+    supervised(
+        "--port", str(port), "--factory", "--header", "X-Served-By:forgezero",
+        "--no-server-header", "--no-date-header",
+        target="tests.serve.apps:create_app",
+    )  # fmt: skip
+    answers: dict[int, httpx.Headers] = {}
+    deadline = time.monotonic() + BOUND
+    while len(answers) < 2:  # each request on a new connection: the kernel picks the worker
+        assert time.monotonic() < deadline, f"only workers {sorted(answers)} answered"
+        response = httpx.get(
+            f"http://127.0.0.1:{port}/pid",
+            headers={"connection": "close"},
+            timeout=BOUND,
+            trust_env=False,
+        )
+        assert response.status_code == 200
+        answers[response.json()["pid"]] = response.headers
+    for headers in answers.values():
+        assert headers["x-served-by"] == "forgezero"
+        assert "server" not in headers
+        assert "date" not in headers
