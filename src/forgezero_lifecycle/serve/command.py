@@ -17,7 +17,6 @@ from .._errors import ConfigurationError
 from .._internals import uvicorn as _uvicorn
 from ..asgi._types import ASGIApp
 from ..runtime import Runtime
-from ..stop.sockets import unlink_unix_path
 from .listeners import own_listeners
 from .options import ServeOptions
 from .server import find_runtime, log_config, serve_app
@@ -62,9 +61,7 @@ def run(app: str | ASGIApp, options: ServeOptions) -> int:
             )
     finally:
         for listener in given or ():
-            if listener.origin == "uds":
-                unlink_unix_path(listener.sock)  # the stop removed it already, unless it failed
-            listener.sock.close()
+            listener.close()
 
 
 def load_app(

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Final, final
 
 from .._errors import ConfigurationError
-from ..stop.sockets import accept_new_connections
+from ..stop.sockets import accept_new_connections, unlink_unix_path
 
 __all__ = [
     "BACKLOG",
@@ -67,6 +67,13 @@ class Listener:
         else:
             where = str(address)
         return f"{where} ({self.origin}, fd {self.sock.fileno()}, name {self.name})"
+
+    def close(self) -> None:
+        """Close the socket; a ``--uds`` socket's path is removed first if it still names it
+        (the stop removes it already, unless the stop failed)."""
+        if self.origin == "uds":
+            unlink_unix_path(self.sock)
+        self.sock.close()
 
 
 def bind_listener(host: str, port: int, *, backlog: int = BACKLOG) -> socket.socket:

@@ -68,7 +68,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, Final, Literal, final
 
 from .._errors import ConfigurationError
-from ..stop.sockets import accept_queue_length, refuse_new_connections, unlink_unix_path
+from ..stop.sockets import accept_queue_length, refuse_new_connections
 from . import machine as m
 from .forwarding import ForwardedControl
 from .generation import Generation
@@ -118,9 +118,7 @@ def run_supervisor(app: str, options: ServeOptions) -> int:
         return asyncio.run(Supervisor(app, options, listeners, first).run())
     finally:
         for listener in listeners:
-            if listener.origin == "uds":
-                unlink_unix_path(listener.sock)  # the stop removed it already, unless it failed
-            listener.sock.close()
+            listener.close()
 
 
 @final
