@@ -48,7 +48,8 @@ _READY = re.compile(
 
 @dataclass
 class Load:
-    """Keep-alive clients sending ``/pid`` (and now and then ``/slow``) until told to stop."""
+    """Keep-alive clients sending ``/pid`` (and now and then ``/slow``) until told to stop;
+    a refused one waits as the refusal's Retry-After says."""
 
     client: Callable[[], httpx.AsyncClient]
     answered: int = 0
@@ -56,6 +57,8 @@ class Load:
     lost: list[str] = field(default_factory=list)
     pids: dict[int, int] = field(default_factory=dict)
     stopping: anyio.Event = field(default_factory=anyio.Event)
+    #: What the server is doing (named in each loss): serving, handover, serving 2, stop.
+    phase: str = "serving"
 
     async def run(self) -> None:
         async with anyio.create_task_group() as group:
@@ -75,7 +78,7 @@ class Load:
                     await anyio.sleep(0.05)
                     continue
                 except httpx.HTTPError as error:
-                    self.lost.append(f"client {number} {path}: {error!r}")
+                    self.lost.append(f"{self.phase}: client {number} {path}: {error!r}")
                     continue
                 if response.status_code == 200:
                     self.answered += 1
@@ -83,8 +86,12 @@ class Load:
                     self.pids[pid] = self.pids.get(pid, 0) + 1
                 elif response.status_code == 503 and response.content == REFUSAL:
                     self.refused += 1
+                    # A client that honours Retry-After, as the refusal asks (1 s).
+                    await anyio.sleep(float(response.headers["retry-after"]))
                 else:
-                    self.lost.append(f"client {number} {path}: {response.status_code}")
+                    self.lost.append(
+                        f"{self.phase}: client {number} {path}: {response.status_code}"
+                    )
                 await anyio.sleep(0.01)
 
 
@@ -232,14 +239,17 @@ async def test_handover_and_stop_lose_nothing(
         group.start_soon(load.run)
         first = _generation_pids(served.log(), 1)
         await _until(lambda: load.answered >= 100 and first <= set(load.pids), "gen 1", served)
+        load.phase = "handover"
         served.signal(signal.SIGHUP)
         await _until(lambda: "supervisor.handover_done" in served.log(), "handed over", served)
+        load.phase = "serving 2"
         refused_by_handover = load.refused
         second = _generation_pids(served.log(), 2)
         counted = load.answered
         await _until(
             lambda: second <= set(load.pids) and load.answered >= counted + 100, "gen 2", served
         )
+        load.phase = "stop"
         served.signal(signal.SIGTERM)
         await _until(lambda: served.process.poll() is not None, "stopped", served)
         load.stopping.set()

@@ -8,6 +8,7 @@ anew (so each generation imports the code on disk at its start).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import traceback
@@ -23,6 +24,8 @@ from .server import find_runtime, log_config, serve_app
 from .uvicorn_options import check, configure_logging, load_env_file, loop_factory
 
 __all__ = ["load_app", "run"]
+
+logger = logging.getLogger("forgezero_lifecycle.serve")
 
 #: The graces of a runtime ``serve`` builds when no flag gives them (the ``Runtime`` defaults).
 DEFAULT_NOT_READY_GRACE: Final = 0.0
@@ -53,6 +56,8 @@ def run(app: str | ASGIApp, options: ServeOptions) -> int:
     # systemd socket activation, --uds or --fd; else uvicorn binds host:port
     given = own_listeners(uds=flags.uds, fd=flags.fd, backlog=flags.backlog)
     sockets = None if not given else [listener.sock for listener in given]
+    for listener in given or ():
+        logger.info("serve.listening on %s", listener.describe())  # uvicorn says it of its own
     try:
         loaded, runtime, source = load_app(app, options)
         with asyncio.Runner(loop_factory=loop_factory(flags.loop)) as runner:

@@ -90,7 +90,6 @@ LOOPS: Final = ("none", "auto", "asyncio", "uvloop")
 LIFESPANS: Final = ("auto", "on", "off")
 #: ``--ssl-cert-reqs``: ``ssl.CERT_NONE``, ``CERT_OPTIONAL``, ``CERT_REQUIRED``.
 CERT_REQS: Final = (ssl.CERT_NONE, ssl.CERT_OPTIONAL, ssl.CERT_REQUIRED)
-_LOG_CONFIG_SUFFIXES: Final = (".json", ".yaml", ".yml", ".ini", ".conf", ".cfg")
 
 
 @final
