@@ -31,8 +31,8 @@ install: $(STAMP)
 TEST_WORKERS ?= 8
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS))
 
-# COVERAGE=1 measures branch coverage, subprocesses included (about a third more CPU; CI does
-# not yet: .ci/run says why).
+# COVERAGE=1 measures branch coverage, subprocesses included (about a third more CPU), but for
+# the servers the `load` tests start (tests/conftest.py). CI runs it (`make coverage`).
 RUN_PYTEST = $(if $(COVERAGE),$(BIN)/coverage run -m pytest,$(BIN)/python -m pytest)
 
 test: $(STAMP)

@@ -1,10 +1,13 @@
-"""Same-port handover under load: ``serve --workers 2`` and gunicorn with the library's worker
-class, next to gunicorn, uvicorn and granian.
+"""Same-port handover under a user's load: ``serve --workers 2`` and gunicorn with the library's
+worker class, next to gunicorn, uvicorn and granian.
 
-One host, one port, no router. The demo app (``forgezero_lifecycle.demo.app``, the runtime in
-it) runs under each server with two worker processes while ``CLIENTS`` keep-alive clients
-(``forgezero_lifecycle.demo.load``: fast, slow and streaming requests) keep sending to that one
-port; then the server gets a SIGHUP, the reload each of them documents:
+One host, one port, no router. The reliability app (``tests/serve/reliability_app.py``) runs
+under each server with two worker processes, with the runtime in it under the library's two
+ways and without it under the peers (what their users run today), while the HTTP clients of the
+user-load matrix (``tests/reliability/_user_load.py``: 40 keep-alive clients, 10 slow ones, 10
+that open a fresh connection per request; one attempt each) keep sending to that one port; the
+server gets two SIGHUPs, the reload each of them documents, then SIGTERM while the clients still
+send:
 
 * ``forgezero-lifecycle serve --workers 2``: generation 2 starts on the same socket and proves it
   is ready, then generation 1 stops accepting and drains;
@@ -15,14 +18,16 @@ port; then the server gets a SIGHUP, the reload each of them documents:
 * granian ``--workers 2``: the workers are reloaded.
 
 A request the server refused (a 503 ``RUNTIME_DRAINING`` or a refused connection: never
-processed, so the client sent it again) counts as *refused*; one that got no answer, a cut
-stream or another error counts as *lost*. Each round runs every server once, in a rotating
-order, in fresh processes; the figures are per handover. Targets: ``serve`` and gunicorn with
-the library's worker class lose and refuse nothing in every round. The peers promise nothing:
-their rows are comparisons. A peer that is
-not installed (``pip install -e '.[bench]'``; ``make bench`` does) is a row saying so.
+processed, so a client may send it again) counts as *refused*; one that got no answer, a cut
+stream or another error counts as *lost*. Before the SIGTERM nothing may be refused; after it a
+refusal is what a stop must give. Each round runs every server once, in a rotating order, in
+fresh processes. Targets: ``serve`` and gunicorn with the library's worker class lose nothing and
+refuse nothing before the stop, in every round. The peers promise nothing: their rows are
+comparisons. A peer that is not installed (``pip install -e '.[bench]'``; ``make bench`` does)
+is a row saying so.
 
-Run ``python -m bench.handover [--quick]``.
+Run ``python -m bench.handover [--quick]`` from the repository's root (the app and the load live
+in ``tests/``).
 """
 
 from __future__ import annotations
@@ -43,19 +48,24 @@ from pathlib import Path
 from typing import Any, Final
 
 import httpx
+from tests.reliability._user_load import FRESH, KEEP_ALIVE, SLOW, UserLoad
 
 from bench._report import not_run, print_table, row
-from forgezero_lifecycle.demo.load import one_port_clients
 from forgezero_lifecycle.demo.processes import free_port, revision_of
 
 __all__ = ["run"]
 
-APP: Final = "forgezero_lifecycle.demo.app:app"
-CLIENTS: Final = 20
-#: Load before the SIGHUP and after the handover, in seconds.
-STEADY: Final = 3.0
-#: How long the peers are given after their SIGHUP (they log no "handover done" line).
-PEER_RELOAD: Final = 8.0
+APP: Final = "tests.serve.reliability_app:app"
+ROOT: Final = Path(__file__).resolve().parent.parent
+#: The load's label, which the app's answers must carry.
+LABEL: Final = "H"
+RELOADS: Final = 2
+#: Load before the first SIGHUP, after each reload and before the SIGTERM, in seconds.
+STEADY: Final = 1.5
+#: The load goes on this long after the server has exited (it must meet a refused port).
+AFTER_EXIT: Final = 0.5
+#: The runtime's drain deadline on a signal (a never-ending stream would hold a drain this long).
+DRAIN_TIMEOUT: Final = 5.0
 BOUND: Final = 60.0
 COMMAND: Final = ".venv/bin/python -m bench.handover"
 #: The rows with a target: the library's own ways of running several workers.
@@ -84,14 +94,18 @@ _LABELS: Final = {
 
 @dataclass
 class Handover:
-    """What the clients of the one port saw across one handover."""
+    """What the clients of the one port saw across two reloads and the stop."""
 
     sent: int
     lost: int
+    #: Refused before the SIGTERM (a reload must refuse nothing).
     refused: int
-    seconds: float | None
+    #: Lost once the SIGTERM was sent (the stop at the socket).
+    lost_at_stop: int
+    #: serve only: SIGHUP → the old generation gone, per reload.
+    seconds: list[float]
     problems: list[str]
-    #: Whether the worker processes after the reload were all new ones.
+    #: Whether the worker processes after each reload were all new ones.
     replaced: bool
 
 
@@ -100,7 +114,7 @@ def _command(kind: str, port: int, revision_file: Path) -> list[str]:
     if kind == "serve":
         return [
             sys.executable, "-m", "forgezero_lifecycle", "serve", APP, "--workers", "2", *where,
-            "--revision-file", str(revision_file), "--drain-timeout", "5s",
+            "--revision-file", str(revision_file), "--drain-timeout", f"{DRAIN_TIMEOUT:g}s",
             "--log-level", "info", "--no-access-log",
         ]  # fmt: skip
     if kind in WORKER_CLASSES:
@@ -131,10 +145,15 @@ async def _handover(kind: str, workdir: Path) -> Handover:
     log_path = workdir / f"{kind}.log"
     env = {
         **os.environ,
+        "PYTHONPATH": str(ROOT),
         "FORGEZERO_CONTROL_TOKEN": secrets.token_urlsafe(32),
         "FORGEZERO_HANDOFF_TOKEN": secrets.token_urlsafe(32),
         "FORGEZERO_REVISION": revision_of("H1"),
-        "FORGEZERO_DEMO_GENERATION": "H",
+        "FZREL_GENERATION": LABEL,
+        "FZREL_RECORDS": str(workdir / f"{kind}-{{pid}}.records"),
+        "FZREL_STREAM_GRACE": "1.0",
+        "FZREL_SIGNAL_DRAIN": f"{DRAIN_TIMEOUT:g}",
+        **({} if kind in OURS else {"FZREL_BARE": "1"}),
     }
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
@@ -146,7 +165,7 @@ async def _handover(kind: str, workdir: Path) -> Handover:
             start_new_session=True,  # its workers share its process group: one kill ends all
         )
     try:
-        return await _load_through_sighup(kind, process, port, log_path)
+        return await _load_through_reloads(kind, process, port, revision_file, log_path)
     finally:
         if process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
@@ -159,28 +178,64 @@ async def _handover(kind: str, workdir: Path) -> Handover:
             await process.wait()
 
 
-async def _load_through_sighup(
-    kind: str, process: asyncio.subprocess.Process, port: int, log_path: Path
+async def _load_through_reloads(
+    kind: str,
+    process: asyncio.subprocess.Process,
+    port: int,
+    revision_file: Path,
+    log_path: Path,
 ) -> Handover:
     url = f"http://127.0.0.1:{port}"
     await _until_answering(process, url, log_path)
-    seconds: float | None = None
-    async with one_port_clients(url, CLIENTS, seed=900) as tally:
+    seconds: list[float] = []
+    replaced = True
+    load = UserLoad.open(url, LABEL)
+    sending = asyncio.create_task(load.run())
+    try:
         await asyncio.sleep(STEADY)
-        before = _children(process.pid)
-        sighup_at = time.monotonic()
-        process.send_signal(signal.SIGHUP)
-        if kind == "serve":
-            await _until_logged(process, log_path, "supervisor.handover_done from=1 to=2")
-            seconds = time.monotonic() - sighup_at
-        else:
-            await asyncio.sleep(PEER_RELOAD)
-        await asyncio.sleep(STEADY)
-        after = _children(process.pid)
-    replaced = bool(after) and not after & before
+        for reload in range(2, RELOADS + 2):
+            before = _children(process.pid)
+            sighup_at = time.monotonic()
+            await asyncio.to_thread(revision_file.write_text, revision_of(f"H{reload}") + "\n")
+            process.send_signal(signal.SIGHUP)
+            if kind == "serve":
+                done = f"supervisor.handover_done from={reload - 1} to={reload}"
+                await _until_logged(process, log_path, done)
+            await _until_gone(process, before, log_path)
+            seconds.append(time.monotonic() - sighup_at)
+            after = _children(process.pid)
+            replaced = replaced and bool(after) and not after & before
+            await asyncio.sleep(STEADY)
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(process.wait(), BOUND)
+        await asyncio.sleep(AFTER_EXIT)
+    finally:
+        load.stop()
+        await sending
+        await load.aclose()
+    records = load.records
+    refusals = ("refused", "connect-refused")
+    lost = [r for r in records if r.outcome != "ok" and r.outcome not in refusals]
     return Handover(
-        tally.sent, tally.lost, tally.refused_then_completed, seconds, tally.problems, replaced
+        sent=len(records),
+        lost=sum(r.done_at < signalled for r in lost),
+        refused=sum(r.outcome in refusals and r.done_at < signalled for r in records),
+        lost_at_stop=sum(r.done_at >= signalled for r in lost),
+        seconds=seconds if kind == "serve" else [],
+        problems=sorted({f"{r.kind}: {r.outcome[:80]}" for r in lost}),
+        replaced=replaced,
     )
+
+
+async def _until_gone(process: asyncio.subprocess.Process, workers: set[int], log: Path) -> None:
+    """Wait until none of ``workers`` is a worker of the server any more (the reload is over)."""
+    deadline = time.monotonic() + BOUND
+    while workers & _children(process.pid):
+        if process.returncode is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the old workers never left:\n{_tail(log)}")
+        await asyncio.sleep(0.05)
 
 
 def _children(pid: int) -> set[int]:
@@ -245,12 +300,13 @@ async def _rounds(kinds: list[str], rounds: int) -> dict[str, list[Handover]]:
 
 
 def _rows(kind: str, runs: list[Handover]) -> list[dict[str, Any]]:
-    name = f"handover.{_LABELS[kind]}, SIGHUP"
+    name = f"handover.{_LABELS[kind]}, SIGHUP x{RELOADS} + SIGTERM"
     sent = sum(run.sent for run in runs)
     problems = sorted({p for run in runs for p in run.problems})[:3]
     kept = sum(not run.replaced for run in runs)
     note = (
-        f"{len(runs)} handovers, {sent:,} requests from {CLIENTS} keep-alive clients on one port"
+        f"{len(runs)} runs, {sent:,} requests from {KEEP_ALIVE} keep-alive, {SLOW} slow and "
+        f"{FRESH} fresh-connection clients on one port"
         + (f"; in {kept} the workers were NOT all replaced" if kept else "; workers replaced")
         + (f"; e.g. {'; '.join(problems)}" if problems else "")
     )
@@ -259,7 +315,7 @@ def _rows(kind: str, runs: list[Handover]) -> list[dict[str, Any]]:
     out = [
         row(
             name,
-            "lost requests per handover",
+            "lost requests per run, before the SIGTERM",
             "requests",
             [float(run.lost) for run in runs],
             baseline=None,
@@ -271,7 +327,7 @@ def _rows(kind: str, runs: list[Handover]) -> list[dict[str, Any]]:
         ),
         row(
             name,
-            "refused requests per handover (sent again)",
+            "refused requests per run, before the SIGTERM",
             "requests",
             [float(run.refused) for run in runs],
             baseline=None,
@@ -280,8 +336,19 @@ def _rows(kind: str, runs: list[Handover]) -> list[dict[str, Any]]:
             command=COMMAND,
             ok=all(run.refused == 0 for run in runs) if ours else None,
         ),
+        row(
+            name,
+            "lost requests per run, at the stop",
+            "requests",
+            [float(run.lost_at_stop) for run in runs],
+            baseline=None,
+            ratio=None,
+            target=target,
+            command=COMMAND,
+            ok=all(run.lost_at_stop == 0 for run in runs) if ours else None,
+        ),
     ]
-    durations = [run.seconds for run in runs if run.seconds is not None]
+    durations = [seconds for run in runs for seconds in run.seconds]
     if durations:
         out.append(
             row(
@@ -294,7 +361,7 @@ def _rows(kind: str, runs: list[Handover]) -> list[dict[str, Any]]:
                 target="(comparison)",
                 command=COMMAND,
                 note=f"median {statistics.median(durations):.2f} s; most of it is the new "
-                "workers importing the app",
+                "workers importing the app and the old ones' drains",
             )
         )
     return out

@@ -52,6 +52,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: not _runs_long(item))  # stable: collection order within each
 
 
+@pytest.fixture(autouse=True)
+def _load_servers_untraced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``make coverage``, the servers a ``load`` test starts run without coverage's
+    tracer (which roughly doubles their CPU): their timing is what such a test judges, and every
+    path they take is measured by the real-server tests that send no load."""
+    if request.node.get_closest_marker("load") is not None:
+        monkeypatch.delenv("COVERAGE_PROCESS_CONFIG", raising=False)
+        monkeypatch.delenv("COVERAGE_PROCESS_START", raising=False)
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     """A ``load`` test waits for a free slot before anything of it runs (outside its timeout)."""

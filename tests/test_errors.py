@@ -30,8 +30,13 @@ TREE = {
     "ConnectionClosedByDrainError": (
         "DrainError",
         OSError,
-        ("RUNTIME_DRAIN_CONNECTION_CLOSED", "RUNTIME_DRAIN_CONNECTION_ABANDONED"),
+        (
+            "RUNTIME_DRAIN_CONNECTION_CLOSED",
+            "RUNTIME_DRAIN_CONNECTION_ABANDONED",
+            "RUNTIME_DRAIN_RESPONSE_CUT",
+        ),
     ),
+    "DrainingError": ("DrainError", RuntimeError, ("RUNTIME_DRAINING",)),
     "StateInputInvalidError": (
         "StateError",
         ValueError,

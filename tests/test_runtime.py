@@ -220,6 +220,7 @@ async def test_stuck_stream_abandoned() -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"x", "more_body": True})
         await receive()  # http.disconnect at the notice
+        await send({"type": "http.response.body", "body": b"y", "more_body": True})  # blocks
 
     app = runtime.wrap(stream)
     recorder = ASGIRecorder({"type": "http.request", "body": b""})

@@ -130,6 +130,7 @@ _MOVED = {
 if TYPE_CHECKING or not attach(__name__, moved=_MOVED):
     from ._errors import ConfigurationError as ConfigurationError
     from ._errors import ConnectionClosedByDrainError as ConnectionClosedByDrainError
+    from ._errors import DrainingError as DrainingError
     from ._errors import LeaseLostError as LeaseLostError
     from ._errors import LifecycleError as LifecycleError
     from ._errors import QueueIntakePausedError as QueueIntakePausedError

@@ -17,7 +17,9 @@ checks it) and says in words what its code says (``DrainNotFoundError``,
     │   ├── DrainNotFoundError (LookupError)            RUNTIME_DRAIN_NOT_FOUND
     │   ├── DrainCountersInvalidError (ValueError)      RUNTIME_DRAIN_COUNTERS_INVALID
     │   ├── DrainFailedError (RuntimeError)             RUNTIME_DRAIN_TIMEOUT | _NOT_IDLE | _FAILED
-    │   └── ConnectionClosedByDrainError (OSError)      RUNTIME_DRAIN_CONNECTION_CLOSED | _ABANDONED
+    │   ├── ConnectionClosedByDrainError (OSError)      RUNTIME_DRAIN_CONNECTION_CLOSED | _ABANDONED
+    │   │                                               | _RESPONSE_CUT
+    │   └── DrainingError (RuntimeError)                RUNTIME_DRAINING
     ├── StateError
     │   ├── StateInputInvalidError (ValueError)         RUNTIME_STATE_REQUEST_INVALID
     │   │                                               | _SOURCE_INVALID | _REVISION_INVALID
@@ -81,6 +83,7 @@ __all__ = [
     "DrainFailedError",
     "DrainNotFoundError",
     "DrainRequestInvalidError",
+    "DrainingError",
     "IdempotencyConflictError",
     "JobError",
     "JobHandlerUnknownError",
@@ -177,10 +180,24 @@ class ConnectionClosedByDrainError(DrainError, OSError):
 
     * ``RUNTIME_DRAIN_CONNECTION_CLOSED``: the stream notice closed this WebSocket (code 1012);
     * ``RUNTIME_DRAIN_CONNECTION_ABANDONED``: a send was still blocked by a client that does not
-      read when the drain's release margin came, so the drain gave up on the connection.
+      read when the drain's release margin came, so the drain gave up on the connection;
+    * ``RUNTIME_DRAIN_RESPONSE_CUT``: the drain ended a response before its last part, under a
+      server the middleware cannot end it under itself (raised so that the server closes the
+      connection and the client sees the body incomplete).
     """
 
-    codes = ("RUNTIME_DRAIN_CONNECTION_CLOSED", "RUNTIME_DRAIN_CONNECTION_ABANDONED")
+    codes = (
+        "RUNTIME_DRAIN_CONNECTION_CLOSED",
+        "RUNTIME_DRAIN_CONNECTION_ABANDONED",
+        "RUNTIME_DRAIN_RESPONSE_CUT",
+    )
+
+
+class DrainingError(DrainError, RuntimeError):
+    """Work offered once the drain closed intake (``Runtime.create_task``, ``Runtime.hold``):
+    refused, never started. Start it before the drain, or hand it to the next generation."""
+
+    codes = ("RUNTIME_DRAINING",)
 
 
 class StateError(LifecycleError):

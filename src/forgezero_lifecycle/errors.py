@@ -2,7 +2,7 @@
 
 The whole tree is drawn in :mod:`forgezero_lifecycle._errors`'s docstring. Its root
 :class:`~forgezero_lifecycle.LifecycleError` and the errors an application catches
-(``ConfigurationError``, ``ConnectionClosedByDrainError``, ``LeaseLostError``,
+(``ConfigurationError``, ``ConnectionClosedByDrainError``, ``DrainingError``, ``LeaseLostError``,
 ``QueueIntakePausedError``) are imported from the package root; every other class from here.
 """
 

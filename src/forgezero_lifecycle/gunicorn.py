@@ -13,8 +13,9 @@ worker's stop is a handover:
 
 * HUP (gunicorn starts new workers, then sends TERM to the old ones) and TERM: with the app's
   runtime (``runtime.install(app)``), the runtime's signal hook stops this worker accepting at
-  once, answers what arrives on its open keep-alive connections for ``HANDOVER_GRACE`` with
-  ``Connection: close`` (the clients reconnect to a sibling), then drains within the runtime's
+  once, answers what arrives on its open keep-alive connections with ``Connection: close`` (the
+  clients reconnect to a sibling) until each has closed or carries a request the app runs
+  (``HANDOVER_GRACE`` on an unloaded machine), then drains within the rest of the runtime's
   ``signal_drain_timeout``; the shutdown that follows closes nothing that still has a request
   coming. Without a runtime the shutdown does the same without the drain;
 * QUIT (gunicorn's quick stop) and a second TERM: the shutdown at once, still lingering.

@@ -155,6 +155,15 @@ class RuntimeCollector(Collector):
         refused.add_metric(["http"], stats.refused_http)
         refused.add_metric(["websocket"], stats.refused_websocket)
         yield refused
+        abandoned = CounterMetricFamily(
+            self._name("abandoned"),
+            "Requests and WebSockets still in flight at a drain's cutoff (sends still blocked then "
+            "were given up, their connections abandoned).",
+            labels=["kind"],
+        )
+        abandoned.add_metric(["http"], stats.cut_off_http)
+        abandoned.add_metric(["websocket"], stats.cut_off_websocket)
+        yield abandoned
         yield CounterMetricFamily(
             self._name("websockets_closed_at_grace"),
             "Open WebSockets closed by the drain when the stream grace ended.",

@@ -20,6 +20,11 @@ A drain with ``timeoutMs = T`` runs, all inside T (README, "What a drain does"):
    not read, so their connections are abandoned and counted out before T;
 7. drained when every counter is 0, failed otherwise. Rollback reopens everything.
 
+Background work the app starts with :meth:`Runtime.create_task` or :meth:`Runtime.hold` is a
+participant too (counted under ``jobs``). Where the runtime owns the stop (``serve``, the signal
+hook), the app's lifespan shutdown follows the drain, within what is left of its deadline plus
+``teardown_margin`` (:meth:`Runtime.teardown`), and the server's stop comes last.
+
 The steps are :class:`~forgezero_lifecycle.core.steps.DrainSteps`'s, driven by its
 :class:`~forgezero_lifecycle.core.drain.DrainController` (:attr:`Runtime.drain`); the runtime only
 builds and wires them.
@@ -36,7 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 from starlette.applications import Starlette
@@ -44,10 +50,13 @@ from starlette.applications import Starlette
 from ._clock import Clock, SystemClock
 from ._errors import ConfigurationError
 from ._tokens import check_token_pair
+from .asgi._in_flight import MAX_ITEMS, InFlightItem
+from .asgi._teardown import Teardown
 from .asgi._types import ASGIApp, Scope
 from .asgi.control import ControlApp
 from .asgi.middleware import InFlightMiddleware
 from .asgi.published import Document, PublishedDocuments
+from .core.background import BackgroundStatistics, BackgroundWork
 from .core.gate import IntakeGate
 from .core.participant import WorkParticipant, as_participant
 from .core.signal_drain import SignalDrain
@@ -61,6 +70,8 @@ from .wire._protocol import (
 )
 
 if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
     from prometheus_client import CollectorRegistry
 
     # pydantic, imported where used: the handoff with a state adapter, the wire models on the
@@ -71,6 +82,7 @@ if TYPE_CHECKING:
 __all__ = ["Runtime"]
 
 P = TypeVar("P", bound=WorkParticipant)
+T = TypeVar("T")
 
 #: Close codes an endpoint may send (RFC 6455 §7.4: 1004-1006, 1015 and 1016-2999 may not be).
 _SENDABLE_CLOSE_CODES: Final = frozenset(
@@ -102,6 +114,9 @@ class Runtime:
         openapi: bool = False,
         metrics: CollectorRegistry | None = None,
         handoff_pauses_collector: bool = False,
+        teardown_margin: float = 2.0,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         """Build a generation's runtime; a setting that could never work raises here.
 
@@ -131,6 +146,12 @@ class Runtime:
                 `GET /.forgezero/runtime/metrics`, without a token.
             handoff_pauses_collector: Pause the garbage collector while a handoff's state is
                 imported ([The garbage collector](handoff-collector.md)).
+            teardown_margin: Seconds the app's lifespan shutdown may take beyond what is left
+                of the drain's deadline, where the runtime owns the stop (0 to 600;
+                [Long-lived work](long-lived-work.md)).
+            tracer_provider: Where each drain's `forgezero.drain` span goes; None: the global
+                one. Needs the `[otel]` extra ([OpenTelemetry](metrics.md#opentelemetry)).
+            meter_provider: Where the runtime's metrics go; None: the global one (`[otel]`).
 
         Raises:
             ConfigurationError: A setting that could never work (a short revision, a handoff
@@ -149,6 +170,7 @@ class Runtime:
         if not isinstance(handoff_pauses_collector, bool):
             raise ConfigurationError(detail="handoff_pauses_collector must be True or False")
         _check_notice_spread(stream_notice_spread)
+        _check_teardown_margin(teardown_margin)
         self.revision = revision
         self.gate = IntakeGate()
         self._clock = clock or SystemClock()
@@ -158,7 +180,12 @@ class Runtime:
         self._close_code = websocket_close_code
         self._retry_after = retry_after
         self._exempt = exempt
-        self._participants: list[WorkParticipant] = []
+        self._background = BackgroundWork(self._clock)
+        self._participants: list[WorkParticipant] = [self._background]
+        self._teardown_margin = float(teardown_margin)
+        self._teardown = Teardown(self._clock, self._teardown_bound)
+        #: The middleware of every app this runtime wrapped, for what blocks a drain.
+        self._middlewares: list[InFlightMiddleware] = []
         #: True when a ``serve --workers`` supervisor drains this process together with the other
         #: workers on its listening socket; otherwise a drain checks for such siblings itself.
         self.supervised = False
@@ -170,11 +197,16 @@ class Runtime:
             not_ready_grace=not_ready_grace,
             stream_grace=stream_grace,
             supervised=lambda: self.supervised,
+            detail=self._status_detail,
         )
         self.drain = self._steps.controller
         #: The hook that turns SIGTERM/SIGINT under the user's server into a self-drain.
         self.signal_drain = SignalDrain(
-            self.drain, revision=revision, timeout=signal_drain_timeout, enabled=drain_on_signal
+            self.drain,
+            revision=revision,
+            timeout=signal_drain_timeout,
+            enabled=drain_on_signal,
+            before_stop=self.teardown,
         )
         self.handoff: StateHandoffController[Any] | None = None
         if state_adapter is not None:
@@ -204,6 +236,7 @@ class Runtime:
             self._published[paths.RUNTIME_OPENAPI_PATH] = _openapi_document
         if metrics is not None:
             self._published[paths.RUNTIME_METRICS_PATH] = _metrics_endpoint(self, metrics)
+        self._telemetry = _telemetry(self, self._clock, tracer_provider, meter_provider)
 
     @property
     def draining(self) -> asyncio.Event:
@@ -241,12 +274,54 @@ class Runtime:
     @property
     def participants(self) -> Sequence[WorkParticipant]:
         """The registered participants (queue, job workers, schedulers), in order added."""
-        return tuple(self._participants)
+        return tuple(self._participants[1:])  # the first is the runtime's own background work
+
+    def create_task(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+        """Start background work the drain waits for, counted under ``jobs``.
+
+        Admitted while intake is open; once the drain closed it, raises
+        :class:`~forgezero_lifecycle.DrainingError` (and ``coro`` is closed, never run). The
+        drain waits for the task within its deadline; at its release margin (the cutoff) a task
+        still running is cancelled and logged by ``name`` (``background.cancelled``). A task that
+        fails is logged by name (``background.failed``). The runtime keeps every task until it
+        is done: no reference of the caller's is needed.
+        """
+        return self._background.create_task(coro, name=name)
+
+    def hold(self, name: str) -> AbstractAsyncContextManager[None]:
+        """``async with runtime.hold(name):`` counts the block as background work, as
+        :meth:`create_task` does a task: refused with
+        :class:`~forgezero_lifecycle.DrainingError` once intake closed, waited for by the
+        drain, and its task cancelled at the cutoff if still inside."""
+        return self._background.hold(name)
+
+    def background(self) -> BackgroundStatistics:
+        """A snapshot of the background work: names running, completed, failed, cancelled."""
+        return self._background.statistics()
+
+    async def teardown(self) -> bool:
+        """The app's lifespan shutdown, once the drain settled, within what is left of the
+        drain's deadline plus ``teardown_margin``; False when it failed or overran (logged).
+
+        ``serve`` and the signal hook call it before the server's stop; the server's own
+        ``lifespan.shutdown`` is then answered with the app's answer. Nothing to run (no
+        lifespan, or one already shut down) is True.
+        """
+        return await self._teardown.shut_down()
+
+    @property
+    def teardown_failed(self) -> bool:
+        """The app's lifespan shutdown failed or overran its bound (the stop exits 1)."""
+        return self._teardown.failed
+
+    def _teardown_bound(self) -> float:
+        return self.drain.remaining() + self._teardown_margin
 
     def wrap(self, app: ASGIApp) -> ASGIApp:
         """Wrap any ASGI app: in-flight middleware outside, control plane ahead of its routes."""
         middleware = InFlightMiddleware(app, **self._middleware_options())
         middleware.forgezero_runtime = self
+        self._middlewares.append(middleware)
         return middleware
 
     def install(self, app: Starlette) -> None:
@@ -288,6 +363,7 @@ class Runtime:
             "signals": self.signal_drain if self.signal_drain.pending else None,
             "notice_spread": self._notice_spread,
             "notice_room": self._steps.notice_room,
+            "teardown": self._teardown,
         }
 
     async def aclose(self) -> None:
@@ -302,6 +378,23 @@ class Runtime:
         """
         return self._steps.in_flight()
 
+    def oldest_in_flight(self, limit: int = MAX_ITEMS) -> list[InFlightItem]:
+        """The ``limit`` oldest HTTP requests and WebSocket sessions running now, oldest
+        first: kind, method, route template (never the raw path) and age in milliseconds.
+
+        A drain's status names them in ``detail.oldestInFlight`` (at most five), so an operator
+        sees what a slow drain waits for.
+        """
+        items: list[InFlightItem] = []
+        for middleware in self._middlewares:
+            items.extend(middleware.oldest_in_flight(limit))
+        items.sort(key=_oldest_first)
+        return items[:limit]
+
+    def _status_detail(self) -> dict[str, Any] | None:
+        items = self.oldest_in_flight()
+        return {"oldestInFlight": items} if items else None
+
     def scheduled_jobs(self) -> list[object]:
         """Every added scheduler's jobs, as ``schedules/v1/status`` lists them."""
         from .core.scheduler import SchedulerParticipant  # loaded by whoever built a scheduler
@@ -311,6 +404,35 @@ class Runtime:
             if isinstance(participant, SchedulerParticipant):
                 result.extend(job.to_dict() for job in participant.scheduler.statistics().jobs)
         return result
+
+
+def _oldest_first(item: InFlightItem) -> float:
+    age = item["ageMs"]
+    return 1.0 if age is None else -age  # an unknown age after every known one
+
+
+def _telemetry(
+    runtime: Runtime,
+    clock: Clock,
+    tracer_provider: TracerProvider | None,
+    meter_provider: MeterProvider | None,
+) -> object | None:
+    """The runtime's spans and metrics when ``opentelemetry-api`` is installed (``[otel]``);
+    without it, nothing (and a provider passed anyway is a configuration error)."""
+    try:
+        from .otel import RuntimeTelemetry
+    except ImportError as error:
+        if not (error.name or "").startswith("opentelemetry"):
+            raise
+        if tracer_provider is not None or meter_provider is not None:
+            raise ConfigurationError(
+                detail="tracer_provider= and meter_provider= need OpenTelemetry's API: "
+                "pip install 'forgezero-lifecycle[otel]'"
+            ) from None
+        return None
+    return RuntimeTelemetry(
+        runtime, clock=clock, tracer_provider=tracer_provider, meter_provider=meter_provider
+    )
 
 
 def _metrics_endpoint(runtime: Runtime, registry: CollectorRegistry) -> Document:
@@ -362,6 +484,15 @@ def _check_notice_spread(spread: object) -> None:
         raise ConfigurationError(
             detail=f"stream_notice_spread must be 0 to {high:g} seconds (0: every WebSocket and "
             f"stream is told at once), not {spread!r}"
+        )
+
+
+def _check_teardown_margin(margin: object) -> None:
+    high = MAX_DRAIN_TIMEOUT_MS / 1000
+    if isinstance(margin, bool) or not isinstance(margin, int | float) or not 0 <= margin <= high:
+        raise ConfigurationError(
+            detail=f"teardown_margin must be 0 to {high:g} seconds (what the app's lifespan "
+            f"shutdown may take beyond the drain's deadline), not {margin!r}"
         )
 
 

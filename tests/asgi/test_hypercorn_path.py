@@ -113,8 +113,8 @@ async def test_early_drain_closes(
 @pytest.mark.parametrize("waiting", [True, False], ids=["waiting-at-notice", "receive-later"])
 async def test_receive_after_body_ends(hypercorn: Any, waiting: bool) -> None:
     """Whether the stream waits on receive() at the notice or calls it later, it gets
-    http.disconnect, its unfinished chunked response ends with an empty last chunk, and the
-    connection stays usable."""
+    http.disconnect, and the chunked response it leaves unfinished is cut so the client can
+    tell: the connection ends without the terminating chunk."""
     gate = IntakeGate()
     later = asyncio.Event()
     got: list[Message] = []
@@ -136,13 +136,10 @@ async def test_receive_after_body_ends(hypercorn: Any, waiting: bool) -> None:
     gate.close()
     gate.end_streams()
     later.set()
-    assert await client.rest() == b""  # the empty last chunk: a truncated body raises here
+    with pytest.raises(h11.RemoteProtocolError):  # the body ends early: no last chunk
+        await client.rest()
     assert got == [{"type": "http.disconnect"}]
     assert (b"connection", b"close") not in head.headers  # started before the drain
-    client.h11.start_next_cycle()
-    await client.request()  # the same connection: refused, since the gate is closed
-    again = await client.head()
-    assert again.status_code == 503
     assert gate.statistics().http == 0
 
 

@@ -199,3 +199,31 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         build_parser().parse_args(["--version"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out == f"forgezero-lifecycle {__version__}\n"
+
+
+BLOCKED = {
+    **STATUS,
+    "detail": {
+        "oldestInFlight": [
+            {"kind": "http", "method": "GET", "route": "/items/{item_id}", "ageMs": 12_340},
+            {"kind": "websocket", "method": None, "route": "/live/{room}", "ageMs": 9_000},
+            {"kind": "http", "method": "POST", "route": None, "ageMs": 500},
+        ]
+    },
+}
+
+
+def test_summary_names_what_blocks_the_drain() -> None:
+    """The status line names the oldest running requests: method or kind, template, age."""
+    line = summary(BLOCKED)
+    assert line.endswith(
+        "oldest: GET /items/{item_id} 12.3s, websocket /live/{room} 9.0s, "
+        "POST (no route template) 0.5s"
+    )
+
+
+def test_progress_names_what_blocks_the_drain() -> None:
+    """Each progress line of a drain names what it still waits for."""
+    stream = io.StringIO()
+    Progress(stream, deadline=30).drain(DrainStatus.model_validate(BLOCKED))
+    assert "oldest: GET /items/{item_id} 12.3s" in stream.getvalue()

@@ -80,6 +80,7 @@ async def test_collector_reads_at_scrape() -> None:
     await clock.advance(1.0)
     assert value("forgezero_drain_state", {"state": "failed"}) == 1.0
     assert value("forgezero_drains_ended_total", {"outcome": "failed"}) == 1.0
+    assert value("forgezero_abandoned_total", {"kind": "http"}) == 1.0  # in flight at the cutoff
     assert value("forgezero_drain_duration_seconds_count") == 1.0
     assert value("forgezero_drain_duration_seconds_bucket", {"le": "1.0"}) == 1.0
     assert value("forgezero_drain_duration_seconds_bucket", {"le": "0.5"}) == 0.0

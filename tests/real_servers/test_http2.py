@@ -78,3 +78,22 @@ async def test_h2_refusal_no_connection(http: httpx.AsyncClient, control: WireCo
     assert refused.json() == {"error": "RUNTIME_DRAINING"}
     assert refused.headers["retry-after"] == "1"
     assert "connection" not in refused.headers
+
+
+async def test_h2_cut_stream_reset(http: httpx.AsyncClient, control: WireControl) -> None:
+    """A stream the drain ends before its last part is reset (RST_STREAM), never ended
+    cleanly: httpx raises instead of returning a short body as whole."""
+    async with http.stream("GET", "/stream", params={"chunks": 200, "interval": 0.05}) as response:
+        assert response.http_version == "HTTP/2"
+        lines = response.aiter_lines()
+        assert await anext(lines) == "chunk 0"
+        nonce = await control.begin()
+        with pytest.raises(httpx.RemoteProtocolError, match="StreamReset"):
+            await _rest(lines)
+
+    drained = await control.wait_for_status(nonce, "drained", "failed")
+    assert drained["status"] == "drained"
+
+
+async def _rest(lines: AsyncIterator[str]) -> list[str]:
+    return [line async for line in lines]

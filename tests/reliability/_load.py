@@ -49,17 +49,22 @@ class Target:
     outstanding: int = 0
 
     @classmethod
-    def open(cls, label: str, url: str, connections: int) -> Target:
+    def open(cls, label: str, url: str, connections: int, *, http2: bool = False) -> Target:
+        """``http2``: HTTP/2 with prior knowledge (h2c), the clients' requests multiplexed."""
         limits = httpx.Limits(
             max_connections=connections,
             max_keepalive_connections=connections,
             keepalive_expiry=KEEPALIVE_EXPIRY,
         )
-        return cls(
-            label,
-            url,
-            httpx.AsyncClient(base_url=url, limits=limits, timeout=30.0, trust_env=False),
+        client = httpx.AsyncClient(
+            base_url=url,
+            limits=limits,
+            timeout=30.0,
+            trust_env=False,
+            http1=not http2,
+            http2=http2,
         )
+        return cls(label, url, client)
 
     @property
     def ws_url(self) -> str:

@@ -53,6 +53,8 @@ class Row:
     #: what the server's own stop loses is measured and reported, and only what came before the
     #: signal must be kept.
     zero_loss_stop: bool = True
+    #: Whether the server speaks HTTP/2 without TLS (h2c): HTTP/2 clients join the load.
+    http2: bool = False
     #: The exit statuses the row's stop ends with (uvicorn 0.29 and later re-raise the signal
     #: once their own stop is done, so a single uvicorn process ends by its SIGTERM).
     exit_codes: frozenset[int] = frozenset({0})
@@ -127,5 +129,6 @@ ROWS: Final = (
         # hypercorn's own stop: the hook's drain, then hypercorn closes its connections.
         stop_past_deadline=2.0,
         zero_loss_stop=False,
+        http2=True,
     ),
 )

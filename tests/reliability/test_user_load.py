@@ -2,15 +2,10 @@
 the final stop included (the rows: ``_rows.py``).
 
 One run per row: the server starts; a burst of :data:`BURST` connections is opened at once; then,
-until after the process has exited, the load keeps coming:
-
-* :data:`KEEP_ALIVE` keep-alive clients (fast, slow, streamed and POST requests) and
-  :data:`SLOW` slow ones that idle up to :data:`SLOW_THINK` seconds between requests on a kept
-  connection;
-* :data:`FRESH` clients that open a new connection per request and send it up to
-  :data:`FRESH_LATENESS` seconds after the connect;
-* the three kinds of WebSocket client: echo sessions that talk, readers of a server-push route
-  that only read, and clients of a fat push route that never read.
+until after the process has exited, the load keeps coming: the HTTP clients of ``_user_load.py``
+(keep-alive, slow, fresh-connection and, where the server speaks h2c, HTTP/2 clients) and the
+three kinds of WebSocket client: echo sessions that talk, readers of a server-push route that
+only read, and clients of a fat push route that never read.
 
 The row's reload (if it offers one) comes under that load, then the final SIGTERM. Each HTTP
 request is sent once (a client with nowhere else to go) and judged against the workers' own
@@ -43,12 +38,12 @@ from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, popen_log
 from tests.serve.conftest import alive
 from tests.serve.test_foreign import _children as children
 from tests.serve.test_foreign_handover import _workers
-from tests.serve.test_handover import HANDOFF_TOKEN, LABEL, _close, _merged, revision
+from tests.serve.test_handover import HANDOFF_TOKEN, LABEL, _merged, revision
 
-from ._load import HttpLoad, LateSenders, Router, Target
 from ._records import ServerRecords
 from ._rows import DEADLINE, ROWS, Row
 from ._soak import report
+from ._user_load import UserLoad
 from ._verify import judge_stop
 
 pytestmark = [pytest.mark.server, pytest.mark.load, pytest.mark.anyio]
@@ -58,11 +53,6 @@ BURST: Final = 50
 SHARE: Final = 0.3
 #: CPU each burst request keeps its worker busy for, in milliseconds (a CPU-bound app).
 BURST_CPU_MS: Final = 1
-KEEP_ALIVE: Final = 40
-SLOW: Final = 10
-SLOW_THINK: Final = 1.5
-FRESH: Final = 10
-FRESH_LATENESS: Final = 0.3
 ECHO_SESSIONS: Final = 3
 PUSH_READERS: Final = 3
 NON_READERS: Final = 2
@@ -90,6 +80,8 @@ async def test_user_load(row: Row, tmp_path: Path) -> None:
     assert result["exit_code"] in row.exit_codes, result
     assert result["stop_seconds"] <= DEADLINE + row.stop_past_deadline + SLACK, result
     assert result["after_stop"] > 0, result  # the load really met the final stop
+    if row.http2:
+        assert result["http2_requests"] > 0, result
     if row.spreads_burst:
         for burst in ("start", "handover"):
             shares = result[f"burst_{burst}"]
@@ -119,16 +111,7 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
     command = [part.format(port=port, revision_file=revision_file) for part in row.command]
     process = await anyio.to_thread.run_sync(lambda: popen_logged(command, environment, log_path))
     seen: set[int] = set()
-    keep_alive = HttpLoad(_router(url, KEEP_ALIVE), clients=KEEP_ALIVE, seed=1, retry=False)
-    slow = HttpLoad(
-        _router(url, SLOW),
-        clients=SLOW,
-        seed=2,
-        think=SLOW_THINK,
-        retry=False,
-        kinds=("fast", "post"),
-    )
-    fresh = LateSenders(url, LABEL, clients=FRESH, seed=3, lateness=FRESH_LATENESS)
+    load = UserLoad.open(url, LABEL, http2=row.http2)
     sockets = WebSocketClients(url)
     exit_code: int | None = None
     signalled = exited = 0.0
@@ -139,8 +122,7 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
                 await anyio.sleep(0.05)
         await _burst(url, "start")
         async with anyio.create_task_group() as group:
-            for load in (keep_alive, slow, fresh):
-                group.start_soon(load.run)
+            group.start_soon(load.run)
             group.start_soon(sockets.run)
             await anyio.sleep(UNDER_LOAD)
             if row.reload is not None:
@@ -156,8 +138,7 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
             exit_code = await anyio.to_thread.run_sync(lambda: process.wait(60))
             exited = time.monotonic()
             await anyio.sleep(AFTER_EXIT)
-            for load in (keep_alive, slow, fresh):
-                load.stop()
+            load.stop()
             sockets.stop()
     finally:
         if process.poll() is None:
@@ -168,15 +149,15 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
             with contextlib.suppress(ProcessLookupError):
                 if alive(pid):
                     os.kill(pid, signal.SIGKILL)
-        for load in (keep_alive, slow):
-            await _close(load)
+        await load.aclose()
     per_pid = ServerRecords.per_pid(records)
-    everything = keep_alive.records + slow.records + fresh.records
+    everything = load.records
     verdict = judge_stop(everything, _merged(per_pid))
     refusals = ("refused", "connect-refused")
     return {
         **verdict.counts(),
         "requests": len(everything),
+        "http2_requests": load.http2_requests,
         "refused_before_stop": sum(
             r.outcome in refusals and r.done_at < signalled for r in everything
         ),
@@ -197,13 +178,15 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
             for r in everything
             if r.outcome != "ok" and r.outcome not in refusals
         ][:10],
+        # When each request refused before the final SIGTERM ended, and how.
+        "refused_early": [
+            f"{r.id} {r.outcome} {r.done_at - signalled:+.2f} s"
+            for r in everything
+            if r.outcome in refusals and r.done_at < signalled
+        ][:10],
         "exit_code": exit_code,
         "log": log_path.read_text()[-3000:],
     }
-
-
-def _router(url: str, clients: int) -> Router:
-    return Router(Target.open(LABEL, url, clients + 5))
 
 
 async def _live(url: str) -> bool:

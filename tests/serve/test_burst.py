@@ -26,9 +26,9 @@ from forgezero_lifecycle.stop.accepting import DEFER_LIMIT, Tally, may_accept
 
 from .conftest import BOUND, StartSupervised, Supervised
 
-# A load test too: 50 connections and a CPU-bound handler against real workers, whose share
-# means something only when they are not starved of CPU by a crowd of other such tests.
-pytestmark = [pytest.mark.server, pytest.mark.load]
+# The two bursts are load tests too: 50 connections and a CPU-bound handler against real
+# workers, whose share means something only when they are not starved of CPU by a crowd of other
+# such tests. The rest of the module is the accept rule alone, in-process.
 
 CONNECTIONS: Final = 50
 #: Each worker's least share of the burst (of two workers: an even split is 50 %).
@@ -86,6 +86,8 @@ def _assert_spread(shares: Counter[int], workers: list[int], served: Supervised)
     assert least >= LEAST_SHARE * CONNECTIONS, f"{dict(shares)} over {workers}:\n{served.log()}"
 
 
+@pytest.mark.server
+@pytest.mark.load
 def test_burst_at_startup(start_supervised: StartSupervised) -> None:
     """Right after the first answer, the burst lands on both workers, each ≥ 30 %, every round
     (each round a fresh server)."""
@@ -99,6 +101,8 @@ def test_burst_at_startup(start_supervised: StartSupervised) -> None:
         assert served.wait_exit() == 0, served.log()
 
 
+@pytest.mark.server
+@pytest.mark.load
 def test_burst_after_handover(start_supervised: StartSupervised) -> None:
     """After a SIGHUP handover, a burst lands on both workers of the new generation."""
     served = start_supervised("--handover-grace", "0.2s", workers=2)

@@ -250,3 +250,72 @@ def _read_to_eof(client: socket.socket) -> bytes:
     while chunk := client.recv(65536):
         received += chunk
     return received
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+async def test_handover_waits_for_a_request_not_read_yet(http: str) -> None:
+    """A handover's wait for its connections to move over (what the drain waits for before it
+    closes intake) ends only once a request that arrived on an idle connection, but that the
+    lagging loop has not read yet, is the app's: admitted, never refused by the drain."""
+    intake_closed = False
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        status = 503 if intake_closed else 200  # what the runtime's gate decides at admission
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    config = uvicorn.Config(app, http=http, lifespan="off", log_level="warning")
+    config.load()
+    stop = ConnectionStop(first_byte_grace=30.0)  # the grace's end is called below
+    config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
+    server = uvicorn.Server(config)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    try:
+        await _until(lambda: server.started)
+        client = socket.create_connection(("127.0.0.1", port))
+        connections = server.server_state.connections
+        await _until(lambda: bool(connections))
+        (protocol,) = connections
+        stop.begin(connections, websockets=False)  # a handover
+        moved = asyncio.create_task(stop.wait_moved())
+        client.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        stop.close_if_idle(protocol)  # the grace ends before the loop read the request
+        await asyncio.wait_for(moved, 10)
+        intake_closed = True  # the drain closes intake as soon as the wait is over
+        client.settimeout(10)
+        answer = await asyncio.to_thread(_read_to_eof, client)
+        client.close()
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 15)
+        listener.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+
+
+async def test_handover_wait_ends_when_idle_connections_close() -> None:
+    """A connection that stays silent through the first-byte grace is closed, and the
+    handover's wait ends with it (it does not wait for the drain's deadline)."""
+    config = uvicorn.Config(_hello, lifespan="off", log_level="warning")
+    config.load()
+    stop = ConnectionStop(first_byte_grace=0.2)
+    config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
+    server = uvicorn.Server(config)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    try:
+        await _until(lambda: server.started)
+        client = socket.create_connection(("127.0.0.1", port))
+        connections = server.server_state.connections
+        await _until(lambda: bool(connections))
+        stop.begin(connections, websockets=False)
+        await asyncio.wait_for(stop.wait_moved(), 10)
+        client.settimeout(10)
+        assert client.recv(1) == b""  # closed by the grace's end: EOF
+        client.close()
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 15)
+        listener.close()

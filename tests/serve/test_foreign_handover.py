@@ -9,10 +9,12 @@ answers what arrives on its open connections with ``Connection: close`` before i
 intake), so every request is answered by some worker: 0 lost, 0 refused before the final stop.
 The final stop comes after the load (as in ``test_handover.py``) and must exit cleanly.
 
-``test_final_stop_under_load_refuses_and_loses_nothing`` keeps a load sending through a reload
-and then through the final SIGTERM (keep-alive clients, idle holders, clients that open a fresh
-connection per request, one attempt each): every request is answered or refused (503, or a
-refused connection), none is reset after it was sent, none is refused before the SIGTERM.
+A load that keeps sending through a reload and then through the final SIGTERM is the user-load
+matrix's (``tests/reliability/test_user_load.py``, rows ``uvicorn-workers`` and
+``gunicorn-ours``); here ``final_stop_under_load`` does the same for a gunicorn worker stopped
+while it starts (keep-alive clients, idle holders, clients that open a fresh connection per
+request, one attempt each): every request is answered or refused (503, or a refused
+connection), none is reset after it was sent, none is refused before the SIGTERM.
 
 uvicorn-worker's own ``UvicornWorker`` gets the same stop from the runtime's signal hook (which
 attaches it to any uvicorn ``Server`` at lifespan startup), so it is checked here too.
@@ -332,21 +334,6 @@ def _workers(parent: int) -> set[int]:
 
 def _one_port(url: str, clients: int) -> Router:
     return Router(Target.open(LABEL, url, clients + 5))
-
-
-@pytest.mark.parametrize("kind", ["uvicorn-workers", "gunicorn-ours"])
-@pytest.mark.timeout(scale(120, 600))
-async def test_final_stop_under_load_refuses_and_loses_nothing(kind: str, tmp_path: Path) -> None:
-    """A reload, then the final stop while clients keep sending: every request is answered or
-    refused (503, or a refused connection), none after it was sent; nothing refused before."""
-    _needs_a_reload_that_waits(kind)
-    result = await final_stop_under_load(kind, tmp_path, seed=300)
-    report(f"foreign-final-stop-{kind}", **{k: v for k, v in result.items() if k != "log"})
-    assert result["problems"] == [], result
-    assert result["lost"] == 0, result
-    assert result["refused_before_stop"] == 0, result
-    assert result["exit_code"] == 0, result
-    assert result["after_stop"] > 0, result  # the load really met the final stop
 
 
 @pytest.mark.timeout(scale(120, 600))

@@ -216,3 +216,21 @@ def test_current_drain_any_worker(start_supervised: StartSupervised) -> None:
         assert response.status_code == 200, response.text
         assert response.json()["nonce"] == request["nonce"]
         assert len(response.json()["detail"]["workers"]) == 2
+
+
+def test_status_names_the_oldest_requests_of_every_worker(
+    start_supervised: StartSupervised,
+) -> None:
+    """Under serve --workers a drain's status names the oldest requests of the whole generation,
+    each with the worker running it, its route template and age; never its query."""
+    served = start_supervised("--revision", REVISION, workers=2)
+    _hold(served, 2, 3.0)
+    request = _request()
+    assert served.post(BEGIN, request).status_code == 202
+    status = _status(served, request["nonce"])
+    items = status["detail"]["oldestInFlight"]
+    assert [(i["kind"], i["method"], i["route"]) for i in items] == [("http", "GET", "/slow")] * 2
+    assert all(i["worker"] in (0, 1) and isinstance(i["ageMs"], int) for i in items), items
+    assert "seconds=" not in str(status)
+    rolled = served.post(ROLLBACK, {"nonce": request["nonce"]})
+    assert rolled.json()["status"] == "rolled-back"

@@ -36,7 +36,8 @@ from tests.reliability._verify import judge
 from .conftest import StartSupervised, Supervised, alive
 from .test_foreign import _children as children_of
 
-pytestmark = [pytest.mark.server, pytest.mark.load, pytest.mark.anyio]
+# Every test here but test_second_sighup_refused sends a load (tests/conftest.py: load slots).
+pytestmark = [pytest.mark.server, pytest.mark.anyio]
 
 LABEL: Final = "port"
 CLIENTS: Final = 30
@@ -199,6 +200,7 @@ def _judge_no_loss(load: HttpLoad, per_pid: dict[int, ServerRecords]) -> dict[st
     return counts
 
 
+@pytest.mark.load
 @pytest.mark.parametrize("run", range(RUNS))
 @pytest.mark.timeout(scale(300, 600))
 async def test_two_sighups_lose_nothing(
@@ -272,6 +274,7 @@ async def test_two_sighups_lose_nothing(
     )
 
 
+@pytest.mark.load
 @pytest.mark.parametrize("mode", ["crash", "hang"])
 @pytest.mark.timeout(180)
 async def test_failed_start_keeps_old(
@@ -342,6 +345,7 @@ def _peer_command(kind: str, port: int) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.load
 @pytest.mark.parametrize("kind", ["gunicorn", "uvicorn", "granian"])
 @pytest.mark.timeout(300)
 async def test_peers_same_load(tmp_path: Path, kind: str) -> None:

@@ -10,7 +10,8 @@ A drain acts on hypercorn's own HTTP/1 streams of its asyncio worker
   (h11's, for ``their_state``) and ``send``: the asyncio ``TCPServer``'s, with its ``writer``;
 * a ``WSStream`` (``send.__self__`` of a WebSocket session) and its ``send``, the same way;
 * the ``H2Protocol`` behind an HTTP/2 stream's ``send``: ``connection`` (h2's
-  ``H2Connection``, for ``highest_inbound_stream_id``), ``streams``, ``closed`` and ``send``;
+  ``H2Connection``, for ``highest_inbound_stream_id``, and ``reset_stream`` and
+  ``data_to_send`` to reset a stream the drain cut), ``streams``, ``closed`` and ``send``;
   the stream's ``stream_id``; and hyperframe, which hypercorn's HTTP/2 brings.
 
 No underscore attribute of hypercorn's is used. :func:`missing` checks the classes at start-up;

@@ -15,8 +15,8 @@ returns:
 * notice: ``http.disconnect`` is put in the stream's app queue right after the last part of the
   request body (behind its last part in the queue, or as soon as that part arrives), so a
   ``receive()`` after the body, waiting at the notice or made later, returns it as if the client
-  had left. When the app returns with its chunked response unfinished, the stream is ended with
-  an empty last chunk (a declared length cannot end early: hypercorn closes the connection);
+  had left. When the app returns with its response unfinished, the connection is aborted, so
+  the client sees the body incomplete (docs/long-lived-work.md, "A cut that can be seen");
 * cutoff: a send blocked in flow control is given up: the connection is aborted (which lets the
   blocked send return), and from then on the app's next send, or a send that would block, raises
   :class:`~forgezero_lifecycle.ConnectionClosedByDrainError`.
@@ -36,7 +36,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, final
 
-from .._errors import ConnectionClosedByDrainError
 from .._internals import asyncio as _asyncio
 from .._internals import hypercorn as _hypercorn
 from .._internals import report
@@ -48,7 +47,7 @@ from .._internals.hypercorn import (
 )
 from .._race import first
 from ..core.gate import DrainMoment
-from ._drain_messages import CLOSE_HEADER, LAST_CHUNK, abandoned
+from ._drain_messages import CLOSE_HEADER, abandoned
 
 __all__ = [
     "HTTP1",
@@ -56,6 +55,7 @@ __all__ = [
     "DrainSend",
     "act",
     "cut",
+    "cut_response",
     "given_up",
     "learn",
     "release",
@@ -64,6 +64,8 @@ __all__ = [
 
 logger = logging.getLogger("forgezero_lifecycle.middleware")
 
+#: RST_STREAM's error code for a stream the drain cut (RFC 9113, section 7: CANCEL).
+_CANCEL: Final = 0x8
 #: The HTTP versions served unwrapped (an HTTP/2 stream shares its connection with others).
 HTTP1: Final = frozenset({"1.0", "1.1"})
 #: Per class of ``send.__self__``: whether it is a hypercorn stream this path knows, filled by
@@ -143,23 +145,39 @@ def release(stream: Any) -> None:
         drain.forget()
 
 
-async def settle(stream: Any) -> None:
-    """After the app returned during a drain: end the chunked response the notice cut short."""
+def settle(stream: Any) -> None:
+    """After the app returned during a drain: a response the notice cut short has its
+    connection aborted, so the client sees the body incomplete."""
     drain = stream.send
     if type(drain) is not DrainSend or given_up(stream) or not drain.told_consumed():
         return
     if stream.closed or stream.state.name != "RESPONSE":
         return
-    headers = stream.response.get("headers", ())
-    if any(name.lower() == b"content-length" for name, _ in headers):
-        return  # a declared length cannot end early: hypercorn closes the connection
-    try:
-        await stream.app_send(LAST_CHUNK)
-    except ConnectionClosedByDrainError:
-        stream.closed = True
-    except Exception:  # h11 refused to end the body here: close the connection instead
-        stream.closed = True
-        drain.close_connection()
+    logger.warning("drain.response_cut kind=http")
+    stream.closed = True
+    drain.abort()
+
+
+def cut_response(stream: Any) -> bool:
+    """A wrapped request's response the drain ended before its last part: its HTTP/1
+    connection aborted, or its HTTP/2 stream reset (RST_STREAM, CANCEL). False when ``stream``
+    is not a hypercorn stream this path knows."""
+    known = KNOWN_STREAMS.get(type(stream))
+    if known is None:
+        known = learn(stream)
+    if not known:
+        return False
+    logger.warning("drain.response_cut kind=http")
+    protocol = stream.send.__self__
+    writer: asyncio.StreamWriter = protocol.send.__self__.writer
+    if stream.scope.get("http_version") == "2":
+        # h2's RST_STREAM, and what else h2 has to send, written as the GOAWAY is (goaway).
+        protocol.connection.reset_stream(stream.stream_id, error_code=_CANCEL)
+        writer.write(protocol.connection.data_to_send())
+        return True
+    stream.closed = True
+    writer.transport.abort()
+    return True
 
 
 @final
@@ -250,8 +268,9 @@ class DrainSend:
         if _asyncio.write_paused(self._writer()):
             self.abandon()
 
-    def close_connection(self) -> None:
-        self._writer().transport.close()
+    def abort(self) -> None:
+        """Abort the connection at once (a response cut short: the client must see it)."""
+        self._writer().transport.abort()
 
     def abandon(self) -> None:
         if self.abandoned:

@@ -16,8 +16,9 @@ before the drain begins is acted on before it can run again:
 * notice: the cycle's flow control is seen through :class:`DrainFlow`, which every ``receive()``
   passes through: one after the body (waiting at the notice, or made later) returns
   ``http.disconnect`` as if the client had left. uvicorn then drops what the app sends, as for
-  a client that left, until the app returns; the middleware then puts the connection back and
-  ends a chunked response left unfinished with an empty last chunk;
+  a client that left, until the app returns; the middleware then puts the connection back, or
+  aborts it when the response was left unfinished, so the client sees the body incomplete
+  (docs/long-lived-work.md, "A cut that can be seen");
 * cutoff: a send blocked in flow control is released, and from then on a send that would block
   raises :class:`~forgezero_lifecycle.ConnectionClosedByDrainError`; the connection is aborted once
   the app returns.
@@ -35,18 +36,18 @@ import asyncio
 import logging
 from typing import Any, Final, final
 
-from .._errors import ConnectionClosedByDrainError
 from .._internals import asyncio as _asyncio
 from .._internals import report
 from .._internals.uvicorn import CYCLE_ATTRIBUTES, CYCLE_MODULES, WEBSOCKET_MODULES
 from ..core.gate import DrainMoment
-from ._drain_messages import CLOSE_HEADER, LAST_CHUNK, abandoned
+from ._drain_messages import CLOSE_HEADER, abandoned
 
 __all__ = [
     "KNOWN_CYCLES",
     "DrainFlow",
     "act",
     "cut",
+    "cut_response",
     "given_up",
     "learn",
     "reconnect",
@@ -125,20 +126,41 @@ def reconnect(cycle: Any) -> bool:
     return True
 
 
-async def settle(cycle: Any) -> None:
-    """After the app returned during a drain: end what the drain cut short."""
-    if given_up(cycle) or not reconnect(cycle):
-        return  # abandoned, never told, or the client left for real: uvicorn's handling stands
-    if not cycle.response_started or cycle.response_complete:
-        return
-    if getattr(cycle, "chunked_encoding", None) is False:
-        return  # httptools: a declared length cannot end early, uvicorn closes the connection
-    try:
-        await cycle.send(LAST_CHUNK)
-    except ConnectionClosedByDrainError:
+def settle(cycle: Any) -> None:
+    """After the app returned during a drain: a response the notice cut short (told
+    ``http.disconnect``, returned before its last part) has its connection aborted, so the
+    client sees the body incomplete (no last chunk, or fewer bytes than its length says)."""
+    if given_up(cycle):
+        return  # abandoned at the cutoff: aborted already
+    flow = cycle.flow
+    if (
+        type(flow) is DrainFlow
+        and flow.disconnected
+        and cycle.response_started
+        and not cycle.response_complete
+    ):
+        logger.warning("drain.response_cut kind=http")
         _drop(cycle)
-    except Exception:  # h11 refuses to end a length-delimited body early
-        cycle.transport.close()
+        return
+    reconnect(cycle)  # told, and ended anyway (or never started): uvicorn's handling stands
+
+
+def cut_response(send: object) -> bool:
+    """End the response whose ``send`` this is so the client sees it incomplete: its
+    connection aborted (HTTP/1) or its stream reset (hypercorn's HTTP/2). False under a server
+    the middleware does not know."""
+    owner = getattr(send, "__self__", None)
+    kind = type(owner)
+    known = KNOWN_CYCLES.get(kind)
+    if known is None:
+        known = learn(owner)
+    if known:
+        logger.warning("drain.response_cut kind=http")
+        _drop(owner)
+        return True
+    from . import _hypercorn  # the two servers' paths, side by side
+
+    return _hypercorn.cut_response(owner)
 
 
 def _drop(cycle: Any) -> None:

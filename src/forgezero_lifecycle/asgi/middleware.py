@@ -13,7 +13,8 @@ Per connection, by ``scope["type"]``:
   start gains ``Connection: close`` (over HTTP/1: HTTP/2 and HTTP/3 forbid the header, and a
   refusal over them goes without it too). Once the stream grace is over, a request that waits on
   ``receive()`` after its body gets ``http.disconnect``, and a response the app then leaves
-  unfinished is ended cleanly with an empty last chunk;
+  unfinished is cut so that the client can tell (connection aborted, or HTTP/2 stream reset;
+  docs/long-lived-work.md), never ended cleanly;
 * ``websocket``: admitted and counted, or refused before accept (503 denial response when the
   server offers ``websocket.http.response``, else close 1013). Once the stream grace is over an
   open session is closed with 1012 (configurable) and reason ``draining``; the server then
@@ -22,6 +23,12 @@ Per connection, by ``scope["type"]``:
   for a send on a closed connection), so a handler that only sends ends too. A denial the app
   sends (``websocket.http.response.start`` and its body parts) ends with its last body part
   (``more_body`` false); the notice never closes a session in the middle of one.
+
+Every admitted HTTP and WebSocket scope carries the drain notice,
+``scope["extensions"]["forgezero.drain"]`` (:mod:`._notice`): a handler that waits on it is told
+at its instant through it alone, and is ended by the drain only at the cutoff. The app's
+lifespan runs under the teardown (:mod:`._teardown`), so a stop the runtime owns can shut it
+down right after the drain, within its bound.
 
 Every send made while draining is bounded by the gate's ``cutoff`` (set by the runtime at the
 drain's release margin): a send still blocked then by a client that does not read is given up,
@@ -61,7 +68,8 @@ server) goes through a per-request responder that does the same on the messages.
 
 No per-request state lives on ``self`` but the set of running uvicorn cycles and hypercorn
 streams a drain acts on, and the set of running wrapped requests the cutoff looks through;
-everything else per request is a local or a closure.
+everything else per request is a local or a closure. A status names the oldest of them from
+these sets alone (:mod:`._in_flight`): the request path records nothing more for it.
 """
 
 from __future__ import annotations
@@ -70,7 +78,8 @@ import asyncio
 import importlib.metadata
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
+from time import monotonic as _now
 from types import CoroutineType
 from typing import Any, Final, final
 
@@ -82,14 +91,18 @@ from ..wire.paths import CONTROL_PREFIX
 from . import _hypercorn
 from ._blocked import tasks_blocked_in
 from ._body import discard_body
-from ._drain_messages import ABANDONED_CODE, CLOSE_HEADER, LAST_CHUNK, abandoned
+from ._drain_messages import ABANDONED_CODE, CLOSE_HEADER, abandoned, response_cut
 from ._hypercorn import HTTP1, KNOWN_STREAMS, DrainSend
+from ._in_flight import InFlightItem, oldest
+from ._notice import EXTENSION, DrainNotice, Listener, NoticeBoard
 from ._paths import app_path
+from ._teardown import Teardown
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from ._uvicorn import (
     KNOWN_CYCLES,
     act,
     cut,
+    cut_response,
     given_up,
     learn,
     reconnect,
@@ -135,6 +148,7 @@ class InFlightMiddleware:
         signals: SignalDrain | None = None,
         notice_spread: float = 0.0,
         notice_room: Callable[[], float] | None = None,
+        teardown: Teardown | None = None,
     ) -> None:
         self.app = app
         #: Seconds over which the stream notice reaches the sessions and requests running at
@@ -142,7 +156,11 @@ class InFlightMiddleware:
         #: when the notice comes (the window is at most half of it; None: no limit).
         self._notice_spread = notice_spread
         self._notice_room = notice_room
+        #: What every request's ``scope["extensions"]["forgezero.drain"]`` reads (:mod:`._notice`).
+        self._board = NoticeBoard(gate, notice_room)
         self._signals = signals
+        #: Runs the app's lifespan so the stop can shut it down right after the drain.
+        self._teardown = teardown
         self._gate = gate
         self._control = control
         self._exempt = exempt
@@ -218,6 +236,12 @@ class InFlightMiddleware:
         ):
             running = self._running
             running.add(cycle)
+            # The drain notice (asgi._notice): uvicorn's scope has no extensions of its own.
+            extensions = scope.get("extensions")
+            if extensions is None:
+                scope["extensions"] = {EXTENSION: DrainNotice(self._board, cycle)}
+            else:
+                extensions[EXTENSION] = DrainNotice(self._board, cycle)
             try:
                 await self.app(scope, receive, send)
             except Exception as error:
@@ -228,7 +252,7 @@ class InFlightMiddleware:
                     raise
             else:
                 if gate.draining:
-                    await settle(cycle)
+                    settle(cycle)
             finally:
                 running.discard(cycle)
                 if gate.waiting_idle:
@@ -240,6 +264,11 @@ class InFlightMiddleware:
             stream: Any = cycle
             running = self._running
             running.add(stream)
+            extensions = scope.get("extensions")
+            if extensions is None:
+                scope["extensions"] = {EXTENSION: DrainNotice(self._board, stream)}
+            else:  # hypercorn's own (every version this path knows gives one)
+                extensions[EXTENSION] = DrainNotice(self._board, stream)
             try:
                 await self.app(scope, receive, send)
             except Exception as error:
@@ -247,7 +276,7 @@ class InFlightMiddleware:
                     raise
             else:
                 if gate.draining:
-                    await _hypercorn.settle(stream)
+                    _hypercorn.settle(stream)
             finally:
                 running.discard(stream)
                 if type(stream.send) is DrainSend:
@@ -266,12 +295,15 @@ class InFlightMiddleware:
             await self._refuse_http(scope, receive, send)
             return
         responder = _HttpResponder(gate, receive, send, scope)
+        _offer(scope, DrainNotice(self._board, responder))
         wrapped = self._wrapped
         wrapped.add(responder)
         try:
             await self.app(scope, responder.receive, responder.send)
-            if responder.cut_short and not _declares_length(responder.head):
-                await responder.send(LAST_CHUNK)
+            if responder.cut_short and not cut_response(send):
+                # A server the middleware cannot end a response under: the ASGI way to say a
+                # response is broken, which every server answers by closing the connection.
+                raise response_cut()
         except Exception as error:
             if not (responder.abandoned and _caused_by_drain(error)):
                 raise
@@ -286,12 +318,19 @@ class InFlightMiddleware:
                 responder.forgive_cancel()  # the app swallowed the cutoff's CancelledError
             gate.release_http()
 
+    def oldest_in_flight(self, limit: int) -> list[InFlightItem]:
+        """The ``limit`` oldest requests and sessions running now, oldest first (what a
+        drain waits for, as its status ``detail`` names it: :mod:`._in_flight`)."""
+        return oldest(self._running, self._wrapped, self._sessions, limit)
+
     def _route(self, scope: Scope) -> ASGIApp | None:
         """Where a scope the hot path did not take goes: an app to hand it to, or None for the
         counted HTTP path."""
         kind = scope["type"]
         if kind == "lifespan":
-            return self._lifespan if self._signals is not None else self.app
+            if self._signals is None and self._teardown is None:
+                return self.app
+            return self._lifespan
         if kind != "http" and kind != "websocket":
             return self.app
         signals = self._signals
@@ -307,28 +346,44 @@ class InFlightMiddleware:
         return None
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The app's lifespan with the signal hook around it: installed at startup (the server's
-        handlers are in place by then), put back as soon as ``lifespan.shutdown`` arrives."""
+        """The app's lifespan with the signal hook around it (installed at startup, the
+        server's handlers are in place by then; put back as soon as ``lifespan.shutdown``
+        arrives), run by the teardown (:mod:`._teardown`), which the stop uses to shut the app
+        down right after the drain."""
         signals = self._signals
-        assert signals is not None  # _route sends a lifespan here only with a hook to manage
-        signals.install()
+        teardown = self._teardown
+        if signals is not None:
+            signals.install()
         shutting_down = False
 
         async def receive_watching_shutdown() -> Message:
             nonlocal shutting_down
-            message = await receive()
+            message = await (receive() if teardown is None else teardown.receive(receive))
             if message["type"] == "lifespan.shutdown":
                 shutting_down = True
-                signals.uninstall()
+                # The teardown's own shutdown comes from the signal hook's stop, which runs on:
+                # the hook is put back once the server's own shutdown came (below).
+                if signals is not None and (teardown is None or not teardown.requested):
+                    signals.uninstall()
             return message
 
+        async def send_watching_shutdown(message: Message) -> None:
+            if teardown is None or not teardown.sent(message):
+                await send(message)
+
         try:
-            await self.app(scope, receive_watching_shutdown, send)
+            if teardown is None:
+                await self.app(scope, receive_watching_shutdown, send)
+            else:
+                app_call = self.app(scope, receive_watching_shutdown, send_watching_shutdown)
+                await teardown.run(app_call, receive, send)
         finally:
-            # Without a shutdown the app does not speak lifespan: the first request tries again.
-            signals.uninstall(final=shutting_down)
-            if signals.pending:
-                self._screen = True
+            if signals is not None:
+                # Without a shutdown the app does not speak lifespan: the first request tries
+                # again.
+                signals.uninstall(final=shutting_down)
+                if signals.pending:
+                    self._screen = True
 
     async def _refuse_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         await discard_body(scope, receive)
@@ -429,6 +484,7 @@ class InFlightMiddleware:
         if moment == "notice" and self._notice_spread > 0:
             self._spread_notice()
             return
+        listening = self._board.listening
         if moment == "cutoff" and (self._wrapped or self._sessions):
             # A wrapped send made before the drain is the server's own, handed to the app as it
             # is: the task still blocked in one is cancelled (a send made since bounds itself).
@@ -449,6 +505,8 @@ class InFlightMiddleware:
             except Exception:  # never stop the drain
                 logger.exception("drain.server_request_failed moment=%s", moment)
         for cycle in list(self._running):
+            if moment == "notice" and cycle in listening:
+                continue  # its handler waits on the notice: it ends itself, or at the cutoff
             try:
                 if KNOWN_STREAMS.get(type(cycle)):
                     _hypercorn.act(moment, cycle)
@@ -488,10 +546,13 @@ class InFlightMiddleware:
             responder.notice_delay = step * slot
             slot += 1
         loop = asyncio.get_running_loop()
+        listening = self._board.listening
         for cycle in running:
             delay = step * slot
             slot += 1
-            if delay == 0:
+            if cycle in listening:
+                listening[cycle] = delay  # its handler's wait() returns then, and it ends itself
+            elif delay == 0:
                 self._notice_one(cycle)
             else:
                 loop.call_later(delay, self._notice_one, cycle)
@@ -499,7 +560,11 @@ class InFlightMiddleware:
     def _notice_one(self, cycle: Any) -> None:
         """The notice, at its own instant, for a server request still running (the cutoff
         acts on it itself if it came first)."""
-        if cycle not in self._running or self._gate.cutoff.is_set():
+        if (
+            cycle not in self._running
+            or self._gate.cutoff.is_set()
+            or cycle in self._board.listening
+        ):
             return
         try:
             if KNOWN_STREAMS.get(type(cycle)):
@@ -515,7 +580,8 @@ class InFlightMiddleware:
             gate.refused_websocket += 1
             await self._refuse_websocket(scope, receive, send)
             return
-        session = _WebSocketSession(gate, send, self._close_code)
+        session = _WebSocketSession(gate, send, self._close_code, scope)
+        _offer(scope, DrainNotice(self._board, session))
         sessions = self._sessions
         sessions.add(session)
         watcher = asyncio.ensure_future(session.close_at_notice())
@@ -554,7 +620,7 @@ class InFlightMiddleware:
             await send({"type": "websocket.close", "code": _TRY_AGAIN_LATER, "reason": "draining"})
 
 
-class _GivenUpAtCutoff:
+class _GivenUpAtCutoff(Listener):
     """The cutoff's hold on a request or session whose send has been blocked since before the
     drain (a client that does not read): cancel the task blocked in it, then take that back."""
 
@@ -590,13 +656,17 @@ class _WebSocketSession(_GivenUpAtCutoff):
         "_send",
         "app_closed",
         "ended",
-        "notice_delay",
         "responding",
+        "scope",
         "sending",
+        "since",
     )
 
-    def __init__(self, gate: IntakeGate, send: Send, close_code: int) -> None:
+    def __init__(self, gate: IntakeGate, send: Send, close_code: int, scope: Scope) -> None:
         self._gate = gate
+        #: The session's scope and when it was admitted, for the status ``detail``.
+        self.scope = scope
+        self.since = _now()
         self._send = send
         self._close_code = close_code
         self._lock = asyncio.Lock()
@@ -610,8 +680,8 @@ class _WebSocketSession(_GivenUpAtCutoff):
         #: still blocked: what the cutoff looks for).
         self.sending: CoroutineType[Any, Any, None] | None = None
         self.cancelled = None
-        #: Seconds after the notice this session is closed (its instant in the spread).
-        self.notice_delay = 0.0
+        self.notice_delay = 0.0  # its instant in the spread (Listener)
+        self.listening = False
 
     async def send(self, message: Message) -> None:
         async with self._lock:
@@ -726,14 +796,17 @@ class _HttpResponder(_GivenUpAtCutoff):
         "closes",
         "disconnected",
         "finished",
-        "head",
-        "notice_delay",
+        "scope",
         "sending",
+        "since",
         "started",
     )
 
     def __init__(self, gate: IntakeGate, receive: Receive, send: Send, scope: Scope) -> None:
         self._gate = gate
+        #: The request's scope and when it was admitted, for the status ``detail``.
+        self.scope = scope
+        self.since = _now()
         self._receive = receive
         self._send = send
         #: A method whose requests carry no body: the first receive() needs no inspection.
@@ -748,14 +821,12 @@ class _HttpResponder(_GivenUpAtCutoff):
         self.disconnected = False
         #: The drain gave up on this connection: a send was still blocked at the cutoff.
         self.abandoned = False
-        #: The response start's headers, looked at only when the drain cuts the response short.
-        self.head: Iterable[tuple[bytes, bytes]] = ()
         #: The server's send coroutine of the last message sent while not draining (done, or
         #: still blocked: what the cutoff looks for).
         self.sending: CoroutineType[Any, Any, None] | None = None
         self.cancelled = None
-        #: Seconds after the notice this request is told (its instant in the spread).
-        self.notice_delay = 0.0
+        self.notice_delay = 0.0  # its instant in the spread (Listener)
+        self.listening = False
 
     @property
     def cut_short(self) -> bool:
@@ -794,7 +865,6 @@ class _HttpResponder(_GivenUpAtCutoff):
         draining = self._gate.draining
         if message["type"] == "http.response.start":
             self.started = True
-            self.head = message.get("headers", ())
             if draining and self.closes:
                 message = _with_connection_close(message)
         elif not message.get("more_body", False):
@@ -870,7 +940,7 @@ async def _receive_or_notice(
     receive: Receive, gate: IntakeGate, told: _HttpResponder
 ) -> Message | None:
     """The next message, or None once the stream notice is given (at ``told``'s instant)."""
-    if gate.notice.is_set() and told.notice_delay == 0:
+    if gate.notice.is_set() and told.notice_delay == 0 and not told.listening:
         return None
     incoming = await first(receive(), _notice_for(gate, told))
     return None if incoming.cancelled() else incoming.result()
@@ -882,6 +952,17 @@ async def _notice_for(gate: IntakeGate, told: _HttpResponder | _WebSocketSession
     await gate.notice.wait()
     if told.notice_delay > 0 and not gate.cutoff.is_set():
         await first(asyncio.sleep(told.notice_delay), gate.cutoff.wait())
+    if told.listening:  # its handler was told through the drain notice: it ends itself
+        await gate.cutoff.wait()
+
+
+def _offer(scope: Scope, notice: DrainNotice) -> None:
+    """Put the drain notice in the scope's extensions (made when the server gave none)."""
+    extensions = scope.get("extensions")
+    if extensions is None:
+        scope["extensions"] = {EXTENSION: notice}
+    else:
+        extensions[EXTENSION] = notice
 
 
 def _with_connection_close(message: Message) -> Message:
@@ -891,8 +972,3 @@ def _with_connection_close(message: Message) -> Message:
             return message
     headers.append(CLOSE_HEADER)
     return {**message, "headers": headers}
-
-
-def _declares_length(headers: Iterable[tuple[bytes, bytes]]) -> bool:
-    """True when the response announced its length: an empty last chunk cannot end it early."""
-    return any(name.lower() == b"content-length" for name, _ in headers)

@@ -34,10 +34,20 @@ from .output import (
     report,
 )
 
-__all__ = ["COMMANDS", "RELOAD_WAIT", "WAIT_MARGIN", "UsageError", "export_url", "read_token"]
+__all__ = [
+    "COMMANDS",
+    "DEFAULT_DEADLINE",
+    "RELOAD_WAIT",
+    "WAIT_MARGIN",
+    "UsageError",
+    "export_url",
+    "read_token",
+]
 
 S = TypeVar("S")
 
+#: The deadline of ``drain`` and ``handoff`` without ``--timeout``.
+DEFAULT_DEADLINE: Final = 30.0
 #: Waiting goes on this long past the deadline the server enforces, unless --wait-timeout says.
 WAIT_MARGIN: Final = 10.0
 #: How often ``ready --wait`` probes.

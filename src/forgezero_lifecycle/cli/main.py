@@ -23,7 +23,8 @@ from .._errors import (
 )
 from .._version import __version__
 from ..wire._types import first_problem, is_nonce
-from .commands import COMMANDS, RELOAD_WAIT, WAIT_MARGIN, UsageError
+from . import k8s
+from .commands import COMMANDS, DEFAULT_DEADLINE, RELOAD_WAIT, WAIT_MARGIN, UsageError
 from .output import EXIT_FAILED, EXIT_GAVE_UP, EXIT_UNREACHABLE, EXIT_USAGE, fail
 
 __all__ = ["build_parser", "main"]
@@ -74,6 +75,21 @@ EPILOGS: Final = {
         + _USAGE_EXITS
         + "  4  gave up waiting (--wait-timeout); the handover goes on\n"
     ),
+    "check-k8s": _epilog(
+        "  0  every budget holds (one line per container checked)\n"
+        "  1  a budget does not hold: one line per problem, naming the field and the numbers\n"
+        "  2  a file cannot be read or is not YAML (or PyYAML is missing: the [k8s] extra)\n",
+        environment="",
+    )
+    + """
+checked, for each container that runs `forgezero-lifecycle serve` or sets FORGEZERO_*:
+  terminationGracePeriodSeconds >= preStop (sleep, or a drain hook's --timeout)
+      + drain deadline (serve --drain-timeout, when no preStop drain) + the stop at the
+      socket (first-byte grace + lingering close, 4s by default) + margin
+      (the not-ready and stream graces run inside the drain deadline)
+  readinessProbe periodSeconds x failureThreshold <= not-ready grace
+  the not-ready grace <= half the drain deadline (a drain cuts it there)
+""",
     "ready": _epilog(
         "  0  ready\n  1  not ready (draining)\n  2  usage: bad flags or values\n"
         "  3  unreachable\n  4  not ready within --wait (the reason is printed)\n",
@@ -118,6 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve.run(args.app, serve.options_from_args(args))
         if args.command == "demo":
             return demo.main(args)
+        if args.command == "check-k8s":
+            return k8s.run(args)  # PyYAML is imported by this command only
         return asyncio.run(COMMANDS[args.command](args))
     except UsageError as error:
         return fail(EXIT_USAGE, str(error))
@@ -154,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
             epilog=EPILOGS.get(name),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        if name not in ("serve", "demo"):
+        if name not in ("serve", "demo", "check-k8s"):
             parser.add_argument("--retries", type=int, default=3, help=argparse.SUPPRESS)
             parser.add_argument(
                 "--uds",
@@ -169,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                 help="trust the CA certificates in PATH for an https URL (serve --ssl-certfile "
                 "with a private CA or a self-signed certificate)",
             )
-        if name not in ("ready", "demo"):
+        if name not in ("ready", "demo", "check-k8s"):
             parser.add_argument(
                 "--token-file",
                 type=Path,
@@ -246,8 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
         waiting.add_argument(
             "--timeout",
             type=serve.parse_deadline,
-            default=30.0,
-            help="the deadline the server enforces (default 30s)",
+            default=DEFAULT_DEADLINE,
+            help=f"the deadline the server enforces (default {DEFAULT_DEADLINE:g}s)",
         )
         waiting.add_argument("--nonce", type=_nonce, help="reuse a nonce (retry); default fresh")
         waiting.add_argument("--no-wait", action="store_true", help="begin and return at once")
@@ -282,6 +300,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="probe until ready, at most this long; then say why it gave up (exit 4)",
     )
 
+    check = command(
+        "check-k8s",
+        "check that Kubernetes manifests give each drain the time it needs",
+    )
+    check.add_argument("files", nargs="+", type=Path, metavar="FILE", help="YAML manifests")
+    check.add_argument(
+        "--margin",
+        type=serve.parse_duration,
+        default=k8s.MARGIN,
+        metavar="DURATION",
+        help=f"kept for the hook's start and the exit (default {k8s.MARGIN:g}s)",
+    )
     serve.add_arguments(command("serve", "run APP under uvicorn; SIGTERM drains it, then it exits"))
     demo.add_arguments(command("demo", "run two generations on loopback and hand over under load"))
     return top

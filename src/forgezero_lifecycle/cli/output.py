@@ -27,6 +27,7 @@ __all__ = [
     "Progress",
     "fail",
     "handover_summary",
+    "oldest_in_flight",
     "printable",
     "report",
     "shared_listener_advice",
@@ -59,7 +60,9 @@ class Progress:
 
     def drain(self, status: DrainStatus) -> None:
         if status.status == "draining":
-            self._show(f"{status.status}  {_counters(status.in_flight.model_dump())}")
+            line = f"{status.status}  {_counters(status.in_flight.model_dump())}"
+            blocking = oldest_in_flight(status.detail)
+            self._show(f"{line}  {blocking}" if blocking else line)
 
     def handoff(self, status: StateHandoffStatus) -> None:
         if status.status == "pending":
@@ -94,7 +97,28 @@ def summary(status: dict[str, object]) -> str:
     if isinstance(in_flight := status.get("inFlight"), dict):
         parts.append(_counters(in_flight))
     parts.extend(f"{key}={status[key]}" for key in ("cursor", "digest", "nonce") if key in status)
+    blocking = oldest_in_flight(status.get("detail"))
+    if blocking:
+        parts.append(blocking)
     return "  ".join(parts)
+
+
+def oldest_in_flight(detail: object) -> str:
+    """``detail.oldestInFlight`` as one phrase (``oldest: GET /items/{item_id} 12.3s, ...``),
+    or "" when the status names none."""
+    items = detail.get("oldestInFlight") if isinstance(detail, dict) else None
+    if not isinstance(items, list) or not items:
+        return ""
+    named = [_in_flight_item(item) for item in items[:5] if isinstance(item, dict)]
+    return "oldest: " + ", ".join(named) if named else ""
+
+
+def _in_flight_item(item: dict[str, object]) -> str:
+    kind, method, route, age = (item.get(k) for k in ("kind", "method", "route", "ageMs"))
+    who = str(method) if kind == "http" and method else str(kind)
+    where = str(route) if route else "(no route template)"
+    seconds = f"{age / 1000:.1f}s" if isinstance(age, int | float) else "age unknown"
+    return f"{who} {where} {seconds}"
 
 
 def shared_listener_advice(status: dict[str, object]) -> str | None:

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DrainController",
     "DrainDependencies",
+    "DrainEnd",
+    "DrainObserver",
     "DrainOrigin",
     "DrainStatistics",
     "GenerationState",
@@ -80,6 +82,24 @@ class DrainDependencies(Protocol):
 
     def resume(self) -> None:
         """Reopen every kind of intake (rollback)."""
+
+
+#: How a drain ended: what :meth:`DrainObserver.drain_ended` is told.
+DrainEnd = Literal["drained", "failed", "rolled-back"]
+
+
+class DrainObserver(Protocol):
+    """Told when a drain begins and ends (tracing: :mod:`forgezero_lifecycle.otel`).
+
+    Called synchronously by the controller; an observer that raises is logged and ignored, the
+    drain goes on.
+    """
+
+    def drain_began(self, request: DrainRequest, origin: DrainOrigin) -> None:
+        """A drain begins: called before its first step (readiness off) is taken."""
+
+    def drain_ended(self, outcome: DrainEnd, failure: str | None, seconds: float) -> None:
+        """The drain ended ``outcome`` (a rollback only while it was still draining)."""
 
 
 @final
@@ -133,6 +153,11 @@ class DrainController:
         # The running drain's race and the two futures it races; a rollback cancels all three.
         self._running: tuple[asyncio.Future[None], ...] = ()
         self._settled = asyncio.Event()
+        self._observers: list[DrainObserver] = []
+
+    def observe(self, observer: DrainObserver) -> None:
+        """Tell ``observer`` when each drain begins and ends, from now on."""
+        self._observers.append(observer)
 
     @property
     def revision(self) -> str | None:
@@ -229,6 +254,8 @@ class DrainController:
             timeout_ms=parsed.timeout_ms,
             origin=origin,
         )
+        for observer in self._observers:
+            _tell(observer.drain_began, parsed, origin)
         self._start(parsed.timeout_ms)
         return Accepted(duplicate=False)
 
@@ -347,9 +374,12 @@ class DrainController:
             durations=tuple(self._durations),
         )
 
-    def _count_end(self, outcome: str) -> None:
+    def _count_end(self, outcome: DrainEnd) -> None:
         self._ended[outcome] += 1
-        self._durations.append(self.elapsed())
+        seconds = self.elapsed()
+        self._durations.append(seconds)
+        for observer in self._observers:
+            _tell(observer.drain_ended, outcome, self._failure, seconds)
 
     def _finish(self, state: Literal["drained", "failed"], failure: str | None) -> None:
         from ..wire.drain import validate_counters
@@ -386,6 +416,13 @@ class DrainController:
 
     def _elapsed(self) -> float:
         return round(self.elapsed(), 3)
+
+
+def _tell(callback: Callable[..., None], *args: object) -> None:
+    try:
+        callback(*args)
+    except Exception:  # an observer never stops a drain
+        logger.exception("drain.observer_failed")
 
 
 async def _all(awaitables: list[Awaitable[None]]) -> None:

@@ -48,6 +48,10 @@ class GateStatistics:
     refused_http: int
     refused_websocket: int
     closed_at_grace: int
+    #: Units still in flight when a drain's cutoff came, per kind, over every drain: their sends
+    #: still blocked then were given up and their connections abandoned.
+    cut_off_http: int = 0
+    cut_off_websocket: int = 0
 
 
 @final
@@ -65,6 +69,8 @@ class IntakeGate:
         "_watchers",
         "_websocket",
         "closed_at_grace",
+        "cut_off_http",
+        "cut_off_websocket",
         "draining",
         "refused_http",
         "refused_websocket",
@@ -96,6 +102,8 @@ class IntakeGate:
         self.refused_http = 0
         self.refused_websocket = 0
         self.closed_at_grace = 0
+        self.cut_off_http = 0
+        self.cut_off_websocket = 0
 
     @property
     def is_open(self) -> bool:
@@ -214,6 +222,8 @@ class IntakeGate:
 
     def cut_off(self) -> None:
         """Give up on sends still blocked in the server's flow control (implies the notice)."""
+        self.cut_off_http += self._in_flight_http()
+        self.cut_off_websocket += self._websocket
         self._notice.set()
         self._cutoff.set()
         self._tell("cutoff")
@@ -255,4 +265,6 @@ class IntakeGate:
             refused_http=self.refused_http,
             refused_websocket=self.refused_websocket,
             closed_at_grace=self.closed_at_grace,
+            cut_off_http=self.cut_off_http,
+            cut_off_websocket=self.cut_off_websocket,
         )

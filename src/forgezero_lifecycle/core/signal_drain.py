@@ -33,9 +33,11 @@ keeps its own stop, and says so at startup). At the first signal:
   the drain begins; once it settled, uvicorn's stop refuses new handshakes, takes what the
   listener has queued, gives every connection the first-byte grace and closes lingering;
 * on a listener its parent or sibling workers hold too (a restarted or stopped worker), it hands
-  over first: it stops accepting at once (the queue stays with the siblings) and for
-  ``HANDOVER_GRACE`` answers what arrives on its open connections with ``Connection: close``, so
-  keep-alive clients reconnect to a sibling; then the drain begins, with the rest of the deadline.
+  over first: it stops accepting at once (the queue stays with the siblings) and answers what
+  arrives on its open connections with ``Connection: close``, so keep-alive clients reconnect to
+  a sibling; the drain begins, with the rest of the deadline, once every connection that was idle
+  has closed or carries a request the app runs (the first-byte grace, longer on a loop that reads
+  arrived requests late; at most half the deadline), so nothing that arrived is refused.
   It keeps a descriptor of the listener meanwhile: at the final stop, once no sibling accepts on
   it nor can again, it accepts again and refuses, and its stop empties the queue
   (:meth:`~forgezero_lifecycle.stop.server.ServerStop.hand_over`, the final stop).
@@ -62,7 +64,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Final, Literal, final
 
@@ -102,6 +104,7 @@ class SignalDrain:
     """The runtime's signal hook: :meth:`install` at lifespan startup, :meth:`uninstall` after."""
 
     __slots__ = (
+        "_before_stop",
         "_cuts",
         "_drain",
         "_handler",
@@ -117,9 +120,17 @@ class SignalDrain:
     )
 
     def __init__(
-        self, drain: DrainController, *, revision: str | None, timeout: float, enabled: bool = True
+        self,
+        drain: DrainController,
+        *,
+        revision: str | None,
+        timeout: float,
+        enabled: bool = True,
+        before_stop: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self._drain = drain
+        #: Run once the drain settled, before the server's stop (the app's lifespan shutdown).
+        self._before_stop = before_stop
         self._revision = revision
         self._timeout = timeout
         self._state: _State = "idle" if enabled else "disabled"
@@ -276,18 +287,17 @@ class SignalDrain:
         self._task = asyncio.get_running_loop().create_task(self._drain_then_stop(signum, grace))
 
     def _stop_begins(self) -> float:
-        """The server's part of a signal's first instant; returns the handover grace (0: none)."""
+        """The server's part of a signal's first instant; returns the bound on the handover's
+        wait for its connections to move over (0: no handover)."""
         stop = self._server_stop
         if stop is None:
             return 0.0
-        from ..stop.server import HANDOVER_GRACE
-
         stop.shared_listener = not stop.bound_itself or shares_listener(stop.listener_inodes())
         if not stop.shared_listener:
             stop.close_after_responses()
             return 0.0
         stop.hand_over()
-        return min(HANDOVER_GRACE, self._timeout / 2)
+        return self._timeout / 2
 
     async def _server_serving(self) -> float:
         """A signal during the server's start-up (the hook is installed before the app's own
@@ -306,14 +316,22 @@ class SignalDrain:
 
     async def _drain_then_stop(self, signum: int, grace: float | None = 0.0) -> None:
         try:
+            loop = asyncio.get_running_loop()
+            began = loop.time()
             if grace is None:
                 grace = await self._server_serving()
             if grace > 0:  # the handover: open connections move to the siblings first
-                await asyncio.sleep(grace)
+                assert self._server_stop is not None
+                if not await self._server_stop.wait_moved(grace):
+                    logger.warning(
+                        "signal.handover_unmoved: connections still idle %.1f s after the "
+                        "handover began; the drain closes intake now",
+                        grace,
+                    )
             state = await self_drain(
                 self._drain,
                 revision=self._revision,
-                timeout=self._timeout - grace,
+                timeout=self._timeout - (loop.time() - began),
                 log=logger,
                 events="signal",
             )
@@ -322,6 +340,11 @@ class SignalDrain:
             state = "failed"
         level = logging.INFO if state == "drained" else logging.WARNING
         logger.log(level, "signal.drain_settled state=%s: the server stops now", state)
+        if self._before_stop is not None:
+            try:
+                await self._before_stop()  # bounded; logs what it could not finish
+            except Exception:
+                logger.exception("signal.teardown_crashed: the server stops now")
         hook = self._hooks.get(signum)
         self._restore()
         self._task = None

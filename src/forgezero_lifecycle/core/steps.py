@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 from .._clock import Clock
 from .._errors import DrainConflictError
@@ -65,6 +65,7 @@ class DrainSteps:
         stream_grace: float,
         supervised: Callable[[], bool],
         siblings: Callable[[], tuple[int, ...]] = sibling_pids,
+        detail: Callable[[], dict[str, Any] | None] | None = None,
     ) -> None:
         self._gate = gate
         # The runtime's list, read at each step: a participant added later takes part too.
@@ -75,7 +76,9 @@ class DrainSteps:
         self._supervised = supervised
         self._find_siblings = siblings
         self._closed = asyncio.Event()
-        self.controller = DrainController(self, revision=revision, clock=clock, admit=self._admit)
+        self.controller = DrainController(
+            self, revision=revision, clock=clock, admit=self._admit, detail=detail
+        )
 
     def _admit(self, origin: DrainOrigin) -> None:
         """Refuse a control-plane drain of one worker among several, before anything changes."""

@@ -28,6 +28,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Literal, final
 
 from .._errors import DrainFailedError
+from ..asgi._in_flight import MAX_ITEMS
 from ..core.drain import DrainController
 from ..core.self_drain import UNKNOWN_REVISION
 from ..stop.accepting import Tally
@@ -248,6 +249,18 @@ class Generation:
         failed = sorted({w.index for w in shown if w.report == "failed" or w.exited.is_set()})
         if failed and self.controller.active:
             found["failedWorkers"] = failed
+        oldest = sorted(
+            (
+                {**item, "worker": worker.index}
+                for worker in self.workers
+                if not worker.exited.is_set()
+                for item in worker.oldest_in_flight
+                if isinstance(item, dict)
+            ),
+            key=lambda item: (item.get("ageMs") is None, -(item.get("ageMs") or 0)),
+        )
+        if oldest:
+            found["oldestInFlight"] = oldest[:MAX_ITEMS]
         return found
 
     def _drain_requests(self) -> None:

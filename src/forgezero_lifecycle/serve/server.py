@@ -109,22 +109,23 @@ async def serve_app(
     finally:
         for signum in (*handled, signal.SIGHUP):
             loop.remove_signal_handler(signum)
-    if drain is None:
-        return 0 if server.started else 1
+    if drain is None:  # stopped by the caller (a supervisor's worker) or before serving
+        return 0 if server.started and not runtime.teardown_failed else 1
     if not drain.done():
         drain.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await drain
         return 1
     state = drain.result()
-    logger.info("serve.stopped drain=%s", state)
-    return 0 if state == "drained" else 1
+    logger.info("serve.stopped drain=%s teardown_failed=%s", state, runtime.teardown_failed)
+    return 0 if state == "drained" and not runtime.teardown_failed else 1
 
 
 async def drain_then_stop(
     runtime: Runtime, drain_timeout: float, server: uvicorn.Server
 ) -> DrainState:
-    """Drain this generation (or follow a drain already begun), then let uvicorn stop."""
+    """Drain this generation (or follow a drain already begun), shut the app's lifespan down
+    within what is left of the deadline plus the teardown margin, then let uvicorn stop."""
     try:
         state = await self_drain(
             runtime.drain,
@@ -133,9 +134,10 @@ async def drain_then_stop(
             log=logger,
             events="serve",
         )
+        logger.info("serve.drain_settled state=%s", state)
+        await runtime.teardown()
     finally:
         server.should_exit = True
-    logger.info("serve.drain_settled state=%s", state)
     return state
 
 

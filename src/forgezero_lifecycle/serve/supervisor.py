@@ -352,6 +352,7 @@ class Supervisor:
     # Actions.
 
     async def _act(self, action: m.Action) -> None:
+        self.handovers.step(action)  # an event of the running handover's span, if any
         match action:
             case m.StartGeneration(generation=number):
                 self._start_generation(number)
@@ -445,6 +446,7 @@ class Supervisor:
             known=lambda: tuple(self._generations.values()),
         )
         generation.connect(forwarded.answer)
+        self.handovers.trace_drains(generation)
         self._generations[number] = generation
         return generation
 

@@ -202,7 +202,10 @@ class WorkerAgent:
         return {"ok": True, "inFlight": self.runtime.in_flight().model_dump()}
 
     async def _status(self, message: dict[str, Any]) -> dict[str, Any]:
-        return {"inFlight": self.runtime.in_flight().model_dump()}
+        return {
+            "inFlight": self.runtime.in_flight().model_dump(),
+            "oldestInFlight": self.runtime.oldest_in_flight(),
+        }
 
     async def _schedules(self, message: dict[str, Any]) -> dict[str, Any]:
         return {"schedules": self.runtime.scheduled_jobs()}

@@ -81,6 +81,9 @@ class WorkerHandle:
         self.channel: Channel | None = None
         self._report: DrainReport = "booting"
         self.in_flight: dict[str, int] = dict.fromkeys(COUNTER_KINDS, 0)
+        #: The oldest requests running in the worker at its last ``status`` answer (what a
+        #: drain's status names in ``detail.oldestInFlight``).
+        self.oldest_in_flight: list[dict[str, Any]] = []
         self.failure: str | None = None
         self.detail: str | None = None
         self.ready = asyncio.Event()
@@ -214,6 +217,8 @@ class WorkerHandle:
             return {"error": "RUNTIME_MESSAGE_TOO_LARGE"}
         if isinstance(answer.get("inFlight"), dict):
             self.in_flight = answer["inFlight"]
+        if isinstance(answer.get("oldestInFlight"), list):
+            self.oldest_in_flight = answer["oldestInFlight"]
         return answer
 
     def signal(self, signum: int) -> None:

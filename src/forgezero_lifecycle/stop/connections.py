@@ -29,8 +29,12 @@ destroy a response already written. :class:`ConnectionStop` replaces that with:
 A stop may begin as a handover (:meth:`ConnectionStop.begin` with ``websockets=False``): the
 server has stopped accepting while sibling processes still accept on the same listener, so every
 HTTP connection moves over to them this way; WebSocket sessions are left to the drain's notice.
+:meth:`ConnectionStop.wait_moved` tells when every connection that was idle has moved: closed, or
+carrying a request that the app now runs. Only then may the drain close intake: a request that
+reached the process before that, even one the loop of a loaded machine reads late, is answered,
+never refused.
 
-The protocol classes are uvicorn's own (``H11Protocol``, ``HttpToolsProtocol``) with three methods
+The protocol classes are uvicorn's own (``H11Protocol``, ``HttpToolsProtocol``) with four methods
 extended; what they rely on of uvicorn is listed in :mod:`forgezero_lifecycle._internals.uvicorn`.
 """
 
@@ -64,6 +68,9 @@ class ConnectionStop:
         self.first_byte_grace = first_byte_grace
         self.stopping = False
         self._lingering: set[asyncio.Future[None]] = set()
+        #: Idle HTTP connections still open since the stop began: each may yet carry a request.
+        self._unmoved: set[Any] = set()
+        self._moved: asyncio.Event | None = None
 
     def begin(self, connections: set[Any], *, websockets: bool = True) -> None:
         """From now on, idle connections close after the first-byte grace, busy ones after
@@ -80,8 +87,26 @@ class ConnectionStop:
         if cycle is not None and not cycle.response_complete:
             cycle.keep_alive = False  # close once this response is complete
         else:
+            self._unmoved.add(protocol)
             loop = asyncio.get_running_loop()
             loop.call_later(self.first_byte_grace, self.close_if_idle, protocol)
+
+    def moved(self, protocol: Any) -> None:
+        """``protocol``'s connection holds no request the stop must still wait for: it closed,
+        or the request it carried is the app's now."""
+        unmoved = self._unmoved
+        if protocol in unmoved:
+            unmoved.discard(protocol)
+            if not unmoved and self._moved is not None:
+                self._moved.set()
+
+    async def wait_moved(self) -> None:
+        """Wait until every connection that was idle when the stop began (or that was accepted
+        since) has closed or carries a request the app runs: the first-byte grace, or longer
+        where the loop lags behind requests that have arrived."""
+        if self._unmoved:
+            self._moved = asyncio.Event()
+            await self._moved.wait()
 
     @property
     def bound(self) -> float:
@@ -114,6 +139,7 @@ class ConnectionStop:
         if transport.get_protocol() is not protocol:
             # Upgraded: the connection is a WebSocket session's now (uvicorn handed it over
             # with set_protocol), left to the drain's notice; closing it would cut the session.
+            self.moved(protocol)
             return
         cycle = protocol.cycle
         if cycle is None or cycle.response_complete:
@@ -127,6 +153,7 @@ class ConnectionStop:
                 )
                 return
             transport.close()
+        self.moved(protocol)
 
     def linger(self, transport: asyncio.Transport, owner: asyncio.BaseProtocol) -> None:
         """Close ``transport`` the lingering way; ``owner`` is told the connection is lost."""
@@ -254,6 +281,7 @@ def zero_loss_protocol(
     if existing is not None:
         raise TypeError(f"{base.__qualname__} already has a zero-loss stop")
     base_connection_made: Any = base.connection_made
+    base_connection_lost: Any = base.connection_lost
     base_data_received: Any = base.data_received
     base_response_complete: Any = getattr(base, "on_response_complete", None)
     if base_response_complete is None:
@@ -264,12 +292,18 @@ def zero_loss_protocol(
         if stop.stopping:  # accepted while the stop takes what was queued
             stop.arm(self)
 
+    def connection_lost(self: Any, exc: Exception | None) -> None:
+        base_connection_lost(self, exc)
+        if stop.stopping:
+            stop.moved(self)
+
     def data_received(self: Any, data: bytes) -> None:
         base_data_received(self, data)
         if stop.stopping:  # a request parsed now is answered with Connection: close
             cycle = self.cycle
             if cycle is not None and not cycle.response_complete:
                 cycle.keep_alive = False
+                stop.moved(self)  # its task runs the app before the drain can close intake
 
     def on_response_complete(self: Any) -> None:
         base_response_complete(self)
@@ -278,6 +312,7 @@ def zero_loss_protocol(
 
     namespace = {
         "connection_made": connection_made,
+        "connection_lost": connection_lost,
         "data_received": data_received,
         "on_response_complete": on_response_complete,
         "zero_loss_stop": stop,

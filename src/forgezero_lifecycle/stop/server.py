@@ -70,8 +70,9 @@ ACCEPT_QUEUE_TIMEOUT: Final = 2.0
 #: How long an idle connection stays open for a request once the stop began (``serve``'s
 #: ``--first-byte-grace`` default).
 FIRST_BYTE_GRACE: Final = 1.0
-#: How long a handing-over worker keeps answering on its open connections before its drain
-#: closes intake: longer than the first-byte grace, so every idle connection has closed by then.
+#: How long a handing-over worker answers on its open connections before its drain closes
+#: intake, on an unloaded machine: the first-byte grace and a margin (the wait itself ends on an
+#: event: :meth:`ServerStop.wait_moved`). gunicorn's ``--graceful-timeout`` counts it.
 HANDOVER_GRACE: Final = FIRST_BYTE_GRACE + 0.5
 #: Pause between two looks of a handing-over worker at whether a sibling still accepts: the
 #: longest its clients may wait in the queue at the final stop before it accepts them again.
@@ -285,6 +286,17 @@ class ServerStop:
             self._watcher = asyncio.get_running_loop().create_task(self._watch_for_final_stop())
             self._watcher.add_done_callback(_report_crash)
         return count
+
+    async def wait_moved(self, bound: float) -> bool:
+        """After :meth:`hand_over`: wait until every connection it armed has moved over (closed,
+        or carrying a request the app runs: :meth:`.ConnectionStop.wait_moved`), at most
+        ``bound`` seconds; returns whether they all had."""
+        try:
+            async with asyncio.timeout(bound):
+                await self.stop.wait_moved()
+        except TimeoutError:
+            return False
+        return True
 
     async def _watch_for_final_stop(self) -> None:
         """After :meth:`hand_over`: once no other process accepts on the listener, nor will

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, WithJsonSchema
 
 from .._errors import DrainCountersInvalidError, DrainNotFoundError, DrainRequestInvalidError
 from ._protocol import DRAIN_PROTOCOL, MAX_DRAIN_TIMEOUT_MS, MIN_DRAIN_TIMEOUT_MS, DrainState
@@ -63,6 +63,49 @@ class WorkCounters(BaseModel):
         return self.http == 0 and self.websocket == 0 and self.jobs == 0 and self.schedules == 0
 
 
+#: ``detail.oldestInFlight``: what a drain still waits for, oldest first (at most five). A route
+#: is the template the app's router matched (``/items/{item_id}``), never the raw path; null
+#: when no route matched (the method alone names the request then).
+OLDEST_IN_FLIGHT_SCHEMA: Final[dict[str, Any]] = {
+    "type": "array",
+    "maxItems": 5,
+    "description": "The oldest requests and WebSocket sessions still running, oldest first.",
+    "items": {
+        "type": "object",
+        "required": ["kind", "method", "route", "ageMs"],
+        "properties": {
+            "kind": {"type": "string", "enum": ["http", "websocket"]},
+            "method": {"type": ["string", "null"]},
+            "route": {
+                "type": ["string", "null"],
+                "description": "The matched route's template, never the raw path.",
+            },
+            "worker": {
+                "type": "integer",
+                "description": "Under serve --workers: the index of the worker running it.",
+            },
+            "ageMs": {
+                "type": ["integer", "null"],
+                "minimum": 0,
+                "description": "Milliseconds since admitted; null when the server keeps no "
+                "trace of it.",
+            },
+        },
+    },
+}
+_DETAIL_SCHEMA: Final[dict[str, Any]] = {
+    "anyOf": [
+        {
+            "type": "object",
+            "additionalProperties": True,
+            "properties": {"oldestInFlight": OLDEST_IN_FLIGHT_SCHEMA},
+        },
+        {"type": "null"},
+    ],
+    "description": "Optional, non-secret: what the runtime knows beyond the counters.",
+}
+
+
 class DrainStatus(DrainRequest):
     """``GET /.forgezero/runtime/drain/v1/status``: the request's own fields plus progress."""
 
@@ -71,7 +114,7 @@ class DrainStatus(DrainRequest):
     failure: str | None = None
     #: Optional, non-secret: what the runtime knows beyond the counters (e.g. that it is one of
     #: several worker processes sharing a listening socket).
-    detail: dict[str, Any] | None = None
+    detail: Annotated[dict[str, Any] | None, WithJsonSchema(_DETAIL_SCHEMA)] = None
 
 
 class RollbackRequest(BaseModel):

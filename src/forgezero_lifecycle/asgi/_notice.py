@@ -1,0 +1,117 @@
+"""The drain notice a handler can reach: ``scope["extensions"]["forgezero.drain"]``.
+
+Every HTTP and WebSocket scope the in-flight middleware admits carries a :class:`DrainNotice`
+(docs/long-lived-work.md). ``await notice.wait()`` returns at this request's instant of the
+stream notice: after the not-ready grace and the stream grace, at its own place in the notice's
+spread (``Runtime(stream_notice_spread=...)``), or at the cutoff if that comes first.
+``notice.deadline`` is how many seconds are left until the cutoff while a drain runs (None while
+serving).
+
+A request whose handler waits on the notice is told through it alone: the middleware does not
+end it at its instant (no ``http.disconnect`` on ``receive()``, no close 1012), so the handler
+can send a last event and return by itself. What it has not ended by the cutoff is ended then,
+as every other request is.
+
+What one request pays for it is this object (two slots) and, under a server whose scope has no
+``extensions`` (uvicorn), one small dict: nothing is looked at until the handler reads it. The
+place in the spread is taken when ``wait()`` is first called (:meth:`NoticeBoard.listen`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable
+from typing import Any, Final, final
+
+from .._race import first
+from ..core.gate import IntakeGate
+
+__all__ = ["EXTENSION", "DrainNotice", "Listener", "NoticeBoard"]
+
+#: The key of the notice in ``scope["extensions"]``.
+EXTENSION: Final = "forgezero.drain"
+
+
+class Listener:
+    """What the middleware keeps per wrapped request or WebSocket session for the notice: its
+    delay in the spread, and whether its handler waits on the notice (set by the first
+    ``wait()``). Subclasses set both in their ``__init__``."""
+
+    __slots__ = ("listening", "notice_delay")
+
+    #: Seconds after the notice this request is told (its instant in the spread).
+    notice_delay: float
+    #: Its handler waits on the drain notice: the drain ends it at the cutoff only.
+    listening: bool
+
+
+@final
+class NoticeBoard:
+    """One per middleware: what every request's :class:`DrainNotice` reads, and which of the
+    server's own requests (uvicorn cycles, hypercorn streams) have a handler waiting on it."""
+
+    __slots__ = ("_room", "gate", "listening")
+
+    def __init__(self, gate: IntakeGate, room: Callable[[], float] | None) -> None:
+        self.gate = gate
+        self._room = room
+        #: The server's request objects whose handler waits on the notice, with their delay in
+        #: the spread (set at the notice). Weak: an entry goes with its request.
+        self.listening: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+    def listen(self, owner: Any) -> None:
+        """``owner``'s handler waits on the notice: the middleware does not end it at its
+        instant, only at the cutoff."""
+        if isinstance(owner, Listener):  # the middleware's own responder or session
+            owner.listening = True
+        elif owner not in self.listening:
+            self.listening[owner] = 0.0
+
+    def delay(self, owner: Any) -> float:
+        """Seconds after the notice ``owner`` is told (its place in the spread)."""
+        if isinstance(owner, Listener):
+            return owner.notice_delay
+        return self.listening.get(owner, 0.0)
+
+    def deadline(self) -> float | None:
+        if not self.gate.draining or self._room is None:
+            return None
+        if self.gate.cutoff.is_set():
+            return 0.0
+        return max(0.0, self._room())
+
+
+@final
+class DrainNotice:
+    """``scope["extensions"]["forgezero.drain"]``: when this request should end, and how long
+    is left until the drain cuts it."""
+
+    __slots__ = ("_board", "_owner")
+
+    def __init__(self, board: NoticeBoard, owner: object) -> None:
+        self._board = board
+        self._owner = owner
+
+    async def wait(self) -> None:
+        """Return at this request's instant of the stream notice (or at the cutoff, if that
+        comes first); at once when it has passed. Safe to call from any task, many times."""
+        board = self._board
+        gate = board.gate
+        board.listen(self._owner)
+        await gate.notice.wait()
+        delay = board.delay(self._owner)
+        if delay > 0 and not gate.cutoff.is_set():
+            await first(asyncio.sleep(delay), gate.cutoff.wait())
+
+    @property
+    def draining(self) -> bool:
+        """True from the instant a drain begins (readiness off) until a rollback."""
+        return self._board.gate.draining
+
+    @property
+    def deadline(self) -> float | None:
+        """Seconds left until the drain's cutoff, when a send still running is given up and
+        the connection abandoned; 0 once it has come; None while no drain runs (or when the
+        middleware runs without a runtime, which alone knows the deadline)."""
+        return self._board.deadline()
