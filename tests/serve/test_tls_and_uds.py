@@ -231,14 +231,17 @@ async def test_handover_and_stop_lose_nothing(
     transport: Transport, supervised: Callable[..., Supervised]
 ) -> None:
     """Through a SIGHUP handover and then a SIGTERM stop under 20 keep-alive clients, over
-    TLS, a unix socket or an inherited descriptor: nothing lost, nothing refused by the handover, both generations
-    answered, the stop drained (exit 0), and a unix socket's path is gone after it."""
+    TLS, a unix socket or an inherited descriptor: nothing lost, nothing refused by the
+    handover, both generations answered, the stop drained (exit 0), and a unix socket's path
+    is gone after it."""
     served = supervised(*transport.flags, inherited=transport.inherited)
     load = Load(transport.client)
     async with anyio.create_task_group() as group:
         group.start_soon(load.run)
         first = _generation_pids(served.log(), 1)
-        await _until(lambda: load.answered >= 100 and first <= set(load.pids), "gen 1", served)
+        # Answers from generation 1 (how they spread over its two workers is the balance's
+        # business, tests/serve/test_burst.py: a starved worker may leave all 20 to its sibling).
+        await _until(lambda: load.answered >= 100 and first & set(load.pids), "gen 1", served)
         load.phase = "handover"
         served.signal(signal.SIGHUP)
         await _until(lambda: "supervisor.handover_done" in served.log(), "handed over", served)
@@ -247,7 +250,7 @@ async def test_handover_and_stop_lose_nothing(
         second = _generation_pids(served.log(), 2)
         counted = load.answered
         await _until(
-            lambda: second <= set(load.pids) and load.answered >= counted + 100, "gen 2", served
+            lambda: second & set(load.pids) and load.answered >= counted + 100, "gen 2", served
         )
         load.phase = "stop"
         served.signal(signal.SIGTERM)
