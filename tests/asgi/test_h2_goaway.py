@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import pytest
 from forgezero_lifecycle.runtime import Runtime
 from forgezero_lifecycle.testing import ManualClock
 from tests.asgi._hypercorn_server import BOUND, Message, until
+from tests.certificates import self_signed
 
 pytestmark = pytest.mark.anyio
 
@@ -132,17 +132,7 @@ def tls(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[ssl.SSLContext,
     self-signed certificate made here with the openssl command) and the certificate's path."""
     if request.param == "h2c":
         return None
-    certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-            "-keyout", str(key), "-out", str(certificate),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=BOUND,
-    )  # fmt: skip
+    certificate, _ = self_signed(tmp_path)
     context = ssl.create_default_context(cafile=str(certificate))
     context.set_alpn_protocols(["h2"])
     return context, certificate
@@ -183,7 +173,7 @@ async def test_goaway_at_start_and_grace(
         context = None
     else:
         context, certificate = tls
-        keyfile = str(certificate.with_name("key.pem"))
+        keyfile = str(certificate.with_suffix(".key"))
         served = await hypercorn(runtime.wrap(app), certfile=str(certificate), keyfile=keyfile)
     idle = await H2Client.connect(served.port, context)
     busy = await H2Client.connect(served.port, context)

@@ -152,3 +152,8 @@ app = Starlette(
     lifespan=lifespan,
 )
 runtime.install(app)
+
+
+def create_app() -> Starlette:
+    """The app through a factory (``serve tests.serve.apps:create_app --factory``)."""
+    return app

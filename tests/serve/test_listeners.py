@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from forgezero_lifecycle._errors import ConfigurationError
-from forgezero_lifecycle.serve.listeners import bind_listener, systemd_listeners
+from forgezero_lifecycle.serve.listeners import (
+    bind_listener,
+    bind_unix_listener,
+    fd_listener,
+    systemd_listeners,
+)
+from forgezero_lifecycle.stop.sockets import refuse_new_connections
 
 
 def test_listener_no_reuseport() -> None:
@@ -90,3 +99,58 @@ def _is_open(fd: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def _connects_within(address: tuple[str, int], seconds: float) -> bool:
+    """Whether a TCP handshake to ``address`` completes within ``seconds`` (a dropped SYN is
+    retransmitted only after about a second)."""
+    client = socket.socket()
+    client.setblocking(False)
+    try:
+        client.connect_ex(address)
+        _, writable, _ = select.select([], [client], [], seconds)
+        return bool(writable) and client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+    finally:
+        client.close()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="SO_ATTACH_FILTER is Linux's")
+def test_inherited_listener_accepts_new_connections_again() -> None:
+    """A socket a previous serve stopped on (new handshakes dropped by its filter) and its
+    owner kept, handed over with ``--fd``: taken, and new clients connect again."""
+    owner = bind_listener("127.0.0.1", 0)
+    with owner:
+        assert refuse_new_connections(owner)
+        assert not _connects_within(owner.getsockname(), 0.3)
+        taken = fd_listener(os.dup(owner.fileno()))
+        with taken:
+            assert _connects_within(owner.getsockname(), 5.0)
+
+
+def test_fd_listener_refuses_what_is_no_stream_socket(tmp_path: Path) -> None:
+    """``--fd`` naming a file or a datagram socket: refused, and the descriptor left open."""
+    with (tmp_path / "file").open("w") as file:
+        with pytest.raises(ConfigurationError, match="not a socket"):
+            fd_listener(file.fileno())
+        assert _is_open(file.fileno())
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as datagram:
+        with pytest.raises(ConfigurationError, match="not a listening stream socket"):
+            fd_listener(datagram.fileno())
+        assert _is_open(datagram.fileno())
+
+
+def test_uds_listener_replaces_a_stale_socket_file(tmp_path: Path) -> None:
+    """``--uds`` at a socket file nobody listens on (a server that is gone): replaced, and
+    the new socket is reachable, mode 0o666 as uvicorn's."""
+    path = tmp_path / "app.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()
+    with bind_unix_listener(str(path)) as sock:
+        assert path.stat().st_mode & 0o777 == 0o666
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(path))
+            sock.accept()[0].close()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigurationError, match="not a socket"):
+        bind_unix_listener(str(tmp_path / "file"))

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import errno
+import os
 import select
 import socket
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from forgezero_lifecycle.serve.sockets import accept_queue_length, refuse_new_connections
+from forgezero_lifecycle.stop.sockets import unlink_unix_path
 
 # The filter and the queue length exist on Linux only (elsewhere the helpers return False/None,
 # which the last test checks on every platform); CI runs on Linux, where these always run.
@@ -104,3 +107,43 @@ def test_non_tcp_untouched() -> None:
     with left, right:
         assert refuse_new_connections(left) is False
         assert accept_queue_length(left) is None
+
+
+@linux_only
+def test_unix_listener_queue_is_seen_and_its_path_removed(tmp_path: Path) -> None:
+    """A unix listener's queue reads 1 while a connection waits and 0 once it is accepted;
+    refusing new connections removes its path, so a new client cannot connect, while the
+    queued one is still accepted."""
+    path = str(tmp_path / "app.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(8)
+    queued = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with listener, queued:
+        assert accept_queue_length(listener) == 0
+        queued.connect(path)
+        assert accept_queue_length(listener) == 1
+        assert refuse_new_connections(listener) is True
+        assert not os.path.exists(path)
+        late = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with late, pytest.raises(FileNotFoundError):
+            late.connect(path)
+        accepted, _ = listener.accept()
+        accepted.close()
+        assert accept_queue_length(listener) == 0
+
+
+@linux_only
+def test_unix_path_taken_over_is_left_alone(tmp_path: Path) -> None:
+    """A path another socket was bound at since (a new server took it over) is not removed."""
+    path = str(tmp_path / "app.sock")
+    old = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old.bind(path)
+    old.listen(8)
+    os.unlink(path)
+    new = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with old, new:
+        new.bind(path)
+        new.listen(8)
+        assert unlink_unix_path(old) is False
+        assert os.path.exists(path)

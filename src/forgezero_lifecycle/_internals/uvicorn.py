@@ -36,7 +36,9 @@ the gunicorn worker class use:
   ``uvicorn --workers`` replaces a worker only once the replacement is ready
   (:func:`reload_waits_for_ready`, read by the final stop of a handing-over worker);
 * ``uvicorn.importer.import_from_string`` (``serve APP``) and ``uvicorn.config.LOGGING_CONFIG``
-  (``serve``'s log format): :func:`import_from_string`, :func:`logging_config`.
+  (``serve``'s log format): :func:`import_from_string`, :func:`logging_config`;
+  ``uvicorn.config.create_ssl_context``, which ``serve`` calls once at its start to check the
+  ``--ssl-*`` flags before any worker builds its own (:func:`create_ssl_context`).
 
 :func:`missing` checks them against the installed uvicorn; ``serve`` refuses to start without
 them (:func:`check`), the signal hook and the gunicorn worker class log why they leave
@@ -52,6 +54,7 @@ import importlib
 import importlib.metadata
 import inspect
 import socket
+import ssl
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -69,6 +72,8 @@ __all__ = [
     "WEBSOCKET_MODULES",
     "accept_on",
     "check",
+    "config_class",
+    "create_ssl_context",
     "import_error",
     "import_from_string",
     "logging_config",
@@ -267,15 +272,20 @@ def protocol_factory(server: uvicorn.Server) -> Callable[[], asyncio.Protocol]:
     return protocol
 
 
-async def accept_on(server: uvicorn.Server, sockets: list[socket.socket]) -> None:
+async def accept_on(
+    server: uvicorn.Server, sockets: list[socket.socket], *, tls: bool = True
+) -> None:
     """Have a started ``server`` accept on ``sockets`` too, the way its ``Server.startup``
     does (:func:`protocol_factory`); each listener joins ``server.servers`` (which uvicorn's
-    shutdown closes)."""
+    shutdown closes). ``tls=False``: plain connections even where the server's are TLS."""
     config = server.config
     loop = asyncio.get_running_loop()
     for sock in sockets:
         listening = await loop.create_server(
-            protocol_factory(server), sock=sock, ssl=config.ssl, backlog=config.backlog
+            protocol_factory(server),
+            sock=sock,
+            ssl=config.ssl if tls else None,
+            backlog=config.backlog,
         )
         server.servers.append(listening)
 
@@ -310,3 +320,18 @@ def logging_config() -> dict[str, Any]:
     from uvicorn.config import LOGGING_CONFIG
 
     return copy.deepcopy(LOGGING_CONFIG)
+
+
+def config_class() -> type[uvicorn.Config]:
+    """``uvicorn.Config`` (its parameters say which flags this uvicorn has)."""
+    import uvicorn
+
+    return uvicorn.Config
+
+
+def create_ssl_context(**arguments: Any) -> ssl.SSLContext:
+    """uvicorn's own TLS context for ``--ssl-*`` (``uvicorn.config.create_ssl_context``)."""
+    from uvicorn.config import create_ssl_context as created
+
+    context: ssl.SSLContext = created(**arguments)
+    return context

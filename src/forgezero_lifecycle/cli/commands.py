@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Final, TypeVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
+
+import httpx
 
 from .. import _tokens as tokens
 from .._errors import ControlUnreachableError
@@ -77,7 +80,21 @@ def read_token(env: str, path: Path | None, flag: str, *, handoff: bool = False)
 
 def _client(args: argparse.Namespace, url: str) -> ControlClient:
     token = read_token("FORGEZERO_CONTROL_TOKEN", args.token_file, "--token-file")
-    return ControlClient(url, token=token, retries=args.retries)
+    return ControlClient(url, token=token, retries=args.retries, transport=_transport(args))
+
+
+def _transport(args: argparse.Namespace) -> httpx.AsyncHTTPTransport | None:
+    """``--uds`` and ``--cacert``: how to reach a ``serve`` on a unix socket or with TLS of a
+    private CA (None: httpx's own, the system's CAs)."""
+    if args.uds is None and args.cacert is None:
+        return None
+    verify: ssl.SSLContext | bool = True
+    if args.cacert is not None:
+        try:
+            verify = ssl.create_default_context(cafile=str(args.cacert))
+        except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+            raise UsageError(f"--cacert {args.cacert}: {error}") from None
+    return httpx.AsyncHTTPTransport(uds=args.uds, verify=verify)
 
 
 async def _watched(args: argparse.Namespace, wait: Callable[[Progress], Awaitable[S]]) -> S:
@@ -185,21 +202,23 @@ async def _reload(args: argparse.Namespace) -> int:
 
 async def _ready(args: argparse.Namespace) -> int:
     if args.wait is not None:
-        return await _wait_ready(args.url, args.wait)
-    async with ControlClient(args.url, retries=args.retries) as client:
+        return await _wait_ready(args.url, args.wait, _transport(args))
+    async with ControlClient(args.url, retries=args.retries, transport=_transport(args)) as client:
         ready = await client.ready()
     print("ready" if ready else "not ready (draining)")
     return EXIT_OK if ready else EXIT_FAILED
 
 
-async def _wait_ready(url: str, seconds: float) -> int:
+async def _wait_ready(
+    url: str, seconds: float, transport: httpx.AsyncHTTPTransport | None = None
+) -> int:
     """``ready --wait``: probe until ready; past ``seconds``, say why it gave up (exit 4).
 
     A start-up script's wait that cannot spin forever: a server that exited (a bad revision, an
     app that does not import) leaves a refused connection, which is the reason printed.
     """
     deadline = time.monotonic() + seconds
-    async with ControlClient(url, retries=0) as client:
+    async with ControlClient(url, retries=0, transport=transport) as client:
         while True:
             try:
                 if await client.ready():

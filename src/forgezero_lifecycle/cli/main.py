@@ -174,6 +174,19 @@ def build_parser() -> argparse.ArgumentParser:
         )
         if name not in ("serve", "demo", "check-k8s"):
             parser.add_argument("--retries", type=int, default=3, help=argparse.SUPPRESS)
+            parser.add_argument(
+                "--uds",
+                metavar="PATH",
+                help="reach the server through this unix socket (serve --uds); the URL "
+                "still gives the Host, e.g. http://localhost",
+            )
+            parser.add_argument(
+                "--cacert",
+                type=Path,
+                metavar="PATH",
+                help="trust the CA certificates in PATH for an https URL (serve --ssl-certfile "
+                "with a private CA or a self-signed certificate)",
+            )
         if name not in ("ready", "demo", "check-k8s"):
             parser.add_argument(
                 "--token-file",

@@ -8,6 +8,7 @@ anew (so each generation imports the code on disk at its start).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import traceback
@@ -17,11 +18,14 @@ from .._errors import ConfigurationError
 from .._internals import uvicorn as _uvicorn
 from ..asgi._types import ASGIApp
 from ..runtime import Runtime
-from .listeners import systemd_listeners
+from .listeners import own_listeners
 from .options import ServeOptions
-from .server import find_runtime, serve_app
+from .server import find_runtime, log_config, serve_app
+from .uvicorn_options import check, configure_logging, load_env_file, loop_factory
 
 __all__ = ["load_app", "run"]
+
+logger = logging.getLogger("forgezero_lifecycle.serve")
 
 #: The graces of a runtime ``serve`` builds when no flag gives them (the ``Runtime`` defaults).
 DEFAULT_NOT_READY_GRACE: Final = 0.0
@@ -38,16 +42,31 @@ def run(app: str | ASGIApp, options: ServeOptions) -> int:
     from the environment (as examples/quickstart/main.py does), and every flag given must agree
     with the runtime it built, or ``serve`` refuses to start.
     """
+    flags = options.uvicorn
+    if flags.env_file is not None:
+        load_env_file(flags.env_file)  # loaded by the CLI already; existing variables win
+    check(flags)  # every uvicorn flag, before anything is bound or started
     if options.workers is not None:
         if not isinstance(app, str):
             raise ConfigurationError(detail="--workers needs the app as 'module:attribute'")
         from .supervisor import run_supervisor
 
         return run_supervisor(app, options)
-    inherited = systemd_listeners()  # systemd socket activation, else bind host:port
-    loaded, runtime, source = load_app(app, options)
-    sockets = None if not inherited else [listener.sock for listener in inherited]
-    return asyncio.run(serve_app(loaded, runtime, options, sockets=sockets, runtime_source=source))
+    configure_logging(flags, log_config(options.log_level, options.log_label))
+    # systemd socket activation, --uds or --fd; else uvicorn binds host:port
+    given = own_listeners(uds=flags.uds, fd=flags.fd, backlog=flags.backlog)
+    sockets = None if not given else [listener.sock for listener in given]
+    for listener in given or ():
+        logger.info("serve.listening on %s", listener.describe())  # uvicorn says it of its own
+    try:
+        loaded, runtime, source = load_app(app, options)
+        with asyncio.Runner(loop_factory=loop_factory(flags.loop)) as runner:
+            return runner.run(
+                serve_app(loaded, runtime, options, sockets=sockets, runtime_source=source)
+            )
+    finally:
+        for listener in given or ():
+            listener.close()
 
 
 def load_app(
@@ -58,6 +77,8 @@ def load_app(
     _export(options)
     if isinstance(app, str):
         app = _import(app, options.app_dir)
+    if options.uvicorn.factory:
+        app = _call_factory(app)
     runtime = find_runtime(app)
     if runtime is None:
         runtime = Runtime(
@@ -92,6 +113,20 @@ def _import(target: str, app_dir: str) -> ASGIApp:
         traceback.print_exc()  # the app's own code failed: its traceback says where
         raise ConfigurationError(
             detail=f"importing the app {target!r} raised {type(error).__name__}: {error}"
+        ) from None
+    return app
+
+
+def _call_factory(factory: object) -> ASGIApp:
+    """``--factory``: the app is what the factory returns (before serve looks for its runtime)."""
+    if not callable(factory):
+        raise ConfigurationError(detail="--factory: the app is not callable")
+    try:
+        app: ASGIApp = factory()
+    except Exception as error:
+        traceback.print_exc()  # the factory's own code failed: its traceback says where
+        raise ConfigurationError(
+            detail=f"--factory: calling the app factory raised {type(error).__name__}: {error}"
         ) from None
     return app
 

@@ -1,5 +1,10 @@
 """The supervisor's listening sockets: bound once here, or handed over by systemd.
 
+``--uds PATH`` binds a unix socket instead of ``--host``/``--port`` (a stale socket file nobody
+listens on is replaced, one in use is refused; the file is made ``0o666``, as uvicorn makes it),
+and ``--fd N`` takes the socket of an inherited descriptor (a process manager's). Plain ``serve``
+binds them the same way (:func:`own_listeners`), so its stop knows the socket it owns.
+
 A supervisor holds its listening sockets for as long as it lives and passes them to every worker
 it starts. They are bound without ``SO_REUSEPORT`` (one kernel socket and one accept queue,
 shared by every generation) and never accepted on, shut down or closed while a generation runs.
@@ -12,15 +17,30 @@ read, so the workers never mistake them for their own.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
-from collections.abc import MutableMapping
+import stat
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Final, final
 
 from .._errors import ConfigurationError
+from ..stop.sockets import accept_new_connections, unlink_unix_path
 
-__all__ = ["BACKLOG", "Listener", "bind_listener", "held_listeners", "systemd_listeners"]
+__all__ = [
+    "BACKLOG",
+    "Listener",
+    "bind_listener",
+    "bind_unix_listener",
+    "fd_listener",
+    "held_listeners",
+    "own_listeners",
+    "systemd_listeners",
+]
+
+logger = logging.getLogger("forgezero_lifecycle.serve")
 
 #: The accept queue of a socket the supervisor binds: it outlives every generation.
 BACKLOG: Final = 2048
@@ -40,23 +60,44 @@ class Listener:
 
     def describe(self) -> str:
         address = self.sock.getsockname()
-        where = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+        if isinstance(address, tuple):
+            where = f"{address[0]}:{address[1]}"
+        elif self.sock.family == socket.AF_UNIX:
+            where = f"unix:{address}"
+        else:
+            where = str(address)
         return f"{where} ({self.origin}, fd {self.sock.fileno()}, name {self.name})"
+
+    def close(self) -> None:
+        """Close the socket; a ``--uds`` socket's path is removed first if it still names it
+        (the stop removes it already, unless the stop failed)."""
+        if self.origin == "uds":
+            unlink_unix_path(self.sock)
+        self.sock.close()
 
 
 def bind_listener(host: str, port: int, *, backlog: int = BACKLOG) -> socket.socket:
     """A TCP listening socket on ``host:port`` (``SO_REUSEADDR``, never ``SO_REUSEPORT``)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
+
+    def bind() -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+
+    return _listening(sock, bind, backlog, f"cannot listen on {host}:{port}")
+
+
+def _listening(
+    sock: socket.socket, bind: Callable[[], None], backlog: int, failure: str
+) -> socket.socket:
+    """``sock`` bound by ``bind`` and listening; closed and refused if either fails."""
+    try:
+        bind()
         sock.listen(backlog)
     except OSError as error:
         sock.close()
-        raise ConfigurationError(
-            detail=f"cannot listen on {host}:{port}: {error.strerror or error}"
-        ) from None
+        raise ConfigurationError(detail=f"{failure}: {error.strerror or error}") from None
     return sock
 
 
@@ -89,24 +130,111 @@ def systemd_listeners(environ: MutableMapping[str, str] | None = None) -> list[L
     return listeners
 
 
-def _listening_socket(fd: int) -> socket.socket:
+def _listening_socket(
+    fd: int, *, source: str = "LISTEN_FDS", backlog: int | None = None
+) -> socket.socket:
+    """The stream socket of descriptor ``fd``, listening; ``backlog``: a bound socket that does
+    not listen yet is made to (uvicorn's ``--fd`` calls ``listen`` on it too), else refused."""
     try:
         sock = socket.socket(fileno=fd)
     except OSError as error:
         raise ConfigurationError(
-            detail=f"LISTEN_FDS names fd {fd}, which is not a socket ({error.strerror or error})"
+            detail=f"{source} names fd {fd}, which is not a socket ({error.strerror or error})"
         ) from None
-    accepting = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-    if sock.type != socket.SOCK_STREAM or not accepting:
-        sock.detach()
-        raise ConfigurationError(detail=f"fd {fd} is not a listening stream socket")
+    try:
+        if sock.type != socket.SOCK_STREAM:
+            raise ConfigurationError(detail=f"{source}: fd {fd} is not a listening stream socket")
+        if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            if backlog is None:
+                raise ConfigurationError(
+                    detail=f"{source}: fd {fd} is not a listening stream socket"
+                )
+            try:
+                sock.listen(backlog)
+            except OSError as error:
+                raise ConfigurationError(
+                    detail=f"{source}: fd {fd} cannot listen ({error.strerror or error})"
+                ) from None
+    except ConfigurationError:
+        sock.detach()  # the descriptor stays its owner's
+        raise
+    if accept_new_connections(sock):  # a previous serve's stop left its filter on it
+        logger.info("listeners.syn_filter_removed fd=%d", fd)
     os.set_inheritable(fd, False)  # passed to workers explicitly, never by accident
     return sock
 
 
-def held_listeners(host: str, port: int) -> list[Listener]:
-    """systemd's sockets when it passed some, else one socket bound on ``host:port``."""
+def bind_unix_listener(path: str, *, backlog: int = BACKLOG) -> socket.socket:
+    """A unix listening socket at ``path`` (``--uds``), mode ``0o666`` as uvicorn's.
+
+    A socket file left behind by a server that is gone is replaced; one a server still listens
+    on is refused (uvicorn's own bind would take the path from it).
+    """
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise ConfigurationError(detail=f"--uds {path}: exists and is not a socket")
+        if _listened_on(path):
+            raise ConfigurationError(detail=f"--uds {path}: a server listens on it already")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def bind() -> None:
+        sock.bind(path)
+        os.chmod(path, 0o666)
+
+    return _listening(sock, bind, backlog, f"--uds {path}: cannot listen")
+
+
+def _listened_on(path: str) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def fd_listener(fd: int, *, backlog: int = BACKLOG) -> socket.socket:
+    """The listening stream socket of inherited descriptor ``fd`` (``--fd``)."""
+    return _listening_socket(fd, source="--fd", backlog=backlog)
+
+
+def own_listeners(
+    *, uds: str | None = None, fd: int | None = None, backlog: int = BACKLOG
+) -> list[Listener] | None:
+    """The sockets given to this process (systemd's, ``--uds``, ``--fd``), or None: bind
+    ``--host``/``--port`` (plain ``serve`` leaves that to uvicorn)."""
     inherited = systemd_listeners()
+    if inherited and (uds is not None or fd is not None):
+        for listener in inherited:
+            listener.sock.close()
+        flag = "--uds" if uds is not None else "--fd"
+        raise ConfigurationError(
+            detail=f"systemd passed sockets (LISTEN_FDS) and {flag} names another: give one"
+        )
     if inherited:
         return inherited
-    return [Listener(bind_listener(host, port), f"{host}:{port}", "bound")]
+    if uds is not None:
+        return [Listener(bind_unix_listener(uds, backlog=backlog), uds, "uds")]
+    if fd is not None:
+        return [Listener(fd_listener(fd, backlog=backlog), f"fd{fd}", "fd")]
+    return None
+
+
+def held_listeners(
+    host: str,
+    port: int,
+    *,
+    uds: str | None = None,
+    fd: int | None = None,
+    backlog: int = BACKLOG,
+) -> list[Listener]:
+    """systemd's sockets when it passed some, ``--uds``'s or ``--fd``'s, else one socket bound
+    on ``host:port``."""
+    given = own_listeners(uds=uds, fd=fd, backlog=backlog)
+    if given:
+        return given
+    return [Listener(bind_listener(host, port, backlog=backlog), f"{host}:{port}", "bound")]

@@ -16,11 +16,18 @@ from .._errors import ConfigurationError
 from .._tokens import read_token
 from ..wire import _protocol
 from ..wire._types import is_revision
+from .uvicorn_options import (
+    UvicornOptions,
+    add_uvicorn_arguments,
+    check_address,
+    uvicorn_options_from_args,
+)
 
 __all__ = [
     "ServeOptions",
     "add_arguments",
     "options_from_args",
+    "options_from_wire",
     "parse_deadline",
     "parse_duration",
     "parse_revision",
@@ -65,6 +72,8 @@ class ServeOptions:
     handover_grace: float = 1.0
     #: Ends every log line of this process (a supervisor's worker: ``worker=0 generation=1``).
     log_label: str = ""
+    #: uvicorn's own flags (:mod:`.uvicorn_options`).
+    uvicorn: UvicornOptions = dataclasses.field(default_factory=UvicornOptions)
 
     def __post_init__(self) -> None:
         problem = deadline_problem(self.drain_timeout)
@@ -145,8 +154,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     default = _DEFAULTS
     add("app", metavar="APP", help="module:attribute of the ASGI app")
-    add("--host", default=default["host"], help=f"default: {default['host']}")
-    add("--port", type=int, default=default["port"], help=f"default: {default['port']}")
+    add("--host", default=default["host"], action=_Address, help=f"default: {default['host']}")
+    add(
+        "--port",
+        type=int,
+        default=default["port"],
+        action=_Address,
+        help=f"default: {default['port']}",
+    )
     add(
         "--revision",
         type=parse_revision,
@@ -264,10 +279,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "keep-alive connections this long before their intake closes (default "
         f"{_seconds(default['handover_grace'])})",
     )
+    add_uvicorn_arguments(parser)
+
+
+class _Address(argparse.Action):
+    """``--host`` and ``--port``: stored, and remembered as given (``--uds`` and ``--fd``
+    replace them, so giving both is refused)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.address_given = True
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
-    """Map parsed flags, ``FORGEZERO_CONTROL_TOKEN`` and ``FORGEZERO_HANDOFF_TOKEN`` to options."""
+    """Map parsed flags, ``FORGEZERO_CONTROL_TOKEN`` and ``FORGEZERO_HANDOFF_TOKEN`` to options
+    (``--env-file`` is loaded first, so the tokens may come from it)."""
+    uvicorn = uvicorn_options_from_args(args)
+    check_address(uvicorn, host_or_port_given=getattr(args, "address_given", False))
     return ServeOptions(
         host=args.host,
         port=args.port,
@@ -295,7 +329,18 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         revision_command=args.revision_command,
         start_timeout=args.start_timeout,
         handover_grace=args.handover_grace,
+        uvicorn=uvicorn,
     )
+
+
+def options_from_wire(fields: dict[str, Any]) -> ServeOptions:
+    """The options from their ``dataclasses.asdict`` form, as a worker reads them from its
+    channel (unknown names ignored)."""
+    names = {field.name for field in dataclasses.fields(ServeOptions)}
+    given = {name: value for name, value in fields.items() if name in names}
+    if isinstance(given.get("uvicorn"), dict):
+        given["uvicorn"] = UvicornOptions.from_wire(given["uvicorn"])
+    return ServeOptions(**given)
 
 
 def _revision_from_env() -> str | None:

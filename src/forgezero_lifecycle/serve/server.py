@@ -23,8 +23,9 @@ from ..stop.connections import ConnectionStop, zero_loss_protocol
 from ..stop.server import ZeroLossServer, cut_connections
 from ..wire.drain import DrainState
 from .options import ServeOptions
+from .uvicorn_options import config_arguments
 
-__all__ = ["drain_then_stop", "find_runtime", "log_config", "serve_app"]
+__all__ = ["drain_then_stop", "find_runtime", "log_config", "serve_app", "uvicorn_config"]
 
 logger = logging.getLogger("forgezero_lifecycle.serve")
 
@@ -66,19 +67,7 @@ async def serve_app(
     imports the app).
     """
     stop = ConnectionStop(options.first_byte_grace)
-    config = uvicorn.Config(
-        app,
-        host=options.host,
-        port=options.port,
-        http=options.http,
-        ws=options.ws,
-        root_path=options.root_path,
-        log_level=options.log_level,
-        log_config=log_config(options.log_level, options.log_label),
-        access_log=options.access_log,
-        lifespan="auto",
-        timeout_graceful_shutdown=math.ceil(options.drain_timeout + SHUTDOWN_MARGIN),
-    )
+    config = uvicorn_config(app, options)
     server = _Server(config, stop, shared_listener=shared_listener)  # logging is set up now
     _uvicorn.check(server)  # what the stop relies on of uvicorn, before anything starts
     report(("asyncio",))  # what a drain reads of asyncio: logged where it falls back
@@ -92,6 +81,7 @@ async def serve_app(
     else:
         logger.info("serve.runtime source=serve: built from the flags (the app has no runtime)")
     loop = asyncio.get_running_loop()
+    logger.info("serve.loop loop=%s.%s", type(loop).__module__, type(loop).__qualname__)
     drain: asyncio.Task[DrainState] | None = None
 
     def on_signal(signum: int) -> None:
@@ -205,6 +195,24 @@ class _Server(ZeroLossServer):
         self.force_exit = True
         self.should_exit = True
         cut_connections(self)
+
+
+def uvicorn_config(app: ASGIApp, options: ServeOptions) -> uvicorn.Config:
+    """The ``uvicorn.Config`` of one serving process: serve's flags, then uvicorn's own
+    (:func:`~.uvicorn_options.config_arguments`: TLS, headers, limits, WebSocket settings)."""
+    return uvicorn.Config(
+        app,
+        host=options.host,
+        port=options.port,
+        http=options.http,
+        ws=options.ws,
+        root_path=options.root_path,
+        log_level=options.log_level,
+        log_config=options.uvicorn.log_config or log_config(options.log_level, options.log_label),
+        access_log=options.access_log,
+        timeout_graceful_shutdown=math.ceil(options.drain_timeout + SHUTDOWN_MARGIN),
+        **config_arguments(options.uvicorn),
+    )
 
 
 def log_config(level: str, label: str = "") -> dict[str, Any]:

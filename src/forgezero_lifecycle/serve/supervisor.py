@@ -62,7 +62,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import logging.config
 import signal
 import time
 from collections.abc import Coroutine, Sequence
@@ -78,6 +77,7 @@ from .listeners import Listener, held_listeners
 from .options import ServeOptions, read_revision
 from .server import SHUTDOWN_MARGIN, log_config
 from .state_transfer import hand_state_over
+from .uvicorn_options import configure_logging
 from .worker_handle import WorkerHandle
 
 __all__ = ["Supervisor", "SupervisorFailedError", "run_supervisor"]
@@ -101,7 +101,7 @@ class SupervisorFailedError(RuntimeError):
 
 def run_supervisor(app: str, options: ServeOptions) -> int:
     """Bind (or inherit) the sockets, run generations until stopped; the exit code."""
-    logging.config.dictConfig(log_config(options.log_level, "supervisor"))
+    configure_logging(options.uvicorn, log_config(options.log_level, "supervisor"))
     if options.control_token is None and not options.insecure_loopback_control:
         raise ConfigurationError(
             detail="serve --workers needs a control token (FORGEZERO_CONTROL_TOKEN or "
@@ -110,12 +110,15 @@ def run_supervisor(app: str, options: ServeOptions) -> int:
     if options.revision_file is not None and options.revision_command is not None:
         raise ConfigurationError(detail="give --revision-file or --revision-command, not both")
     first = read_revision(options)  # a bad revision source fails before anything is bound
-    listeners = held_listeners(options.host, options.port)
+    flags = options.uvicorn
+    listeners = held_listeners(
+        options.host, options.port, uds=flags.uds, fd=flags.fd, backlog=flags.backlog
+    )
     try:
         return asyncio.run(Supervisor(app, options, listeners, first).run())
     finally:
         for listener in listeners:
-            listener.sock.close()
+            listener.close()
 
 
 @final

@@ -54,6 +54,7 @@ from typing import Any, Final, final
 import uvicorn
 
 from .._errors import LifecycleError
+from .._internals import uvicorn as _uvicorn
 from ..runtime import Runtime
 from ..stop.accepting import Tally, accept_one_at_a_time
 from ..wire import paths
@@ -61,8 +62,9 @@ from .channel import Channel, ChannelClosedError, read_frame_blocking
 from .command import load_app
 from .forwarding import GenerationControl
 from .messages import StateReport
-from .options import ServeOptions
+from .options import ServeOptions, options_from_wire
 from .server import drain_then_stop, serve_app
+from .uvicorn_options import loop_factory
 
 __all__ = ["PARENT_DEATH_SIGNAL", "main"]
 
@@ -130,6 +132,9 @@ class WorkerAgent:
         """Once uvicorn serves (startup and lifespan done): report ready."""
         while not serving.done():
             if self.server is not None and self.server.started:
+                # Plain HTTP even when the shared listeners are TLS: the next generation fetches
+                # the state export from it over loopback http (:mod:`.state_transfer`).
+                await _uvicorn.accept_on(self.server, [self.private], tls=False)
                 self.notify_state(
                     StateReport(
                         "ready",
@@ -325,8 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = read_frame_blocking(channel_sock)
     except (ChannelClosedError, OSError):
         return 1
-    fields = {f.name for f in dataclasses.fields(ServeOptions)}
-    options = ServeOptions(**{k: v for k, v in config["options"].items() if k in fields})
+    options = options_from_wire(config["options"])
     label = f"worker={config['index']} generation={config['generation']}"
     options = dataclasses.replace(options, log_label=label)
     for fd in (args.channel_fd, *args.listen_fd):
@@ -334,7 +338,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     listeners = [socket.socket(fileno=fd) for fd in args.listen_fd]
     workers = options.workers or 1
     tally = None if args.tally_fd is None else Tally.attach(args.tally_fd, workers, config["index"])
-    return asyncio.run(_serve(config, options, listeners, channel_sock, args.supervisor_pid, tally))
+    with asyncio.Runner(loop_factory=loop_factory(options.uvicorn.loop)) as runner:
+        return runner.run(
+            _serve(config, options, listeners, channel_sock, args.supervisor_pid, tally)
+        )
 
 
 async def _serve(
@@ -394,7 +401,7 @@ async def _serve(
             GenerationControl(app, channel=channel, control=runtime.control),
             runtime,
             options,
-            sockets=[private],  # the shared listeners once the supervisor says (accept)
+            sockets=[],  # the private listener once started, the shared ones on accept
             shared_listener=True,
             runtime_source=source,
             on_server=agent.attach_server,

@@ -12,21 +12,39 @@ from a crash. The stop therefore goes in three steps (:func:`forgezero_lifecycle
 3. only then is the listener closed: the clients' retransmitted SYNs meet a closed port and get
    "connection refused", which any client may retry because nothing was sent.
 
-Both helpers are Linux-only (``SO_ATTACH_FILTER``, ``TCP_INFO`` of a listener); elsewhere they
-report that they cannot help, and the stop closes the listener as every other server does.
+A unix socket (``serve --uds``) has no handshake to filter: step 1 removes its path instead
+(:func:`unlink_unix_path`), so a new client's ``connect`` fails with "no such file" before it
+sends anything, while the connections already queued stay to be accepted; its queue is known
+only to be empty or not (the listener is readable while a connection waits).
+
+Both helpers are Linux-only (``SO_ATTACH_FILTER``, ``TCP_INFO`` of a listener, ``/proc/net/unix``);
+elsewhere they report that they cannot help, and the stop closes the listener as every other
+server does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
+import select
 import socket
 import struct
 import sys
+from pathlib import Path
 from typing import Final, Protocol
 
-__all__ = ["accept_queue_length", "refuse_new_connections"]
+__all__ = [
+    "accept_new_connections",
+    "accept_queue_length",
+    "refuse_new_connections",
+    "unlink_unix_path",
+]
 
 _SO_ATTACH_FILTER: Final = 26
+_SO_DETACH_FILTER: Final = 27
+#: The flag of a listening socket in ``/proc/net/unix``.
+_SO_ACCEPTCON: Final = 0x10000
 #: ``struct tcp_info``: eight one-byte fields, then ``tcpi_rto, ato, snd_mss, rcv_mss, unacked``.
 #: For a listening socket the kernel reports its accept queue's length in ``tcpi_unacked``.
 _TCPI_UNACKED_OFFSET: Final = 24
@@ -63,6 +81,10 @@ class ListeningSocket(Protocol):
     @property
     def family(self) -> int: ...
 
+    def fileno(self) -> int: ...
+
+    def getsockname(self) -> object: ...
+
     def getsockopt(self, level: int, option: int, buffersize: int, /) -> bytes: ...
 
     def setsockopt(self, level: int, option: int, value: bytes, /) -> None: ...
@@ -72,12 +94,49 @@ def _is_tcp(sock: ListeningSocket) -> bool:
     return sys.platform == "linux" and sock.family in (socket.AF_INET, socket.AF_INET6)
 
 
+def _is_unix(sock: ListeningSocket) -> bool:
+    return sys.platform == "linux" and sock.family == socket.AF_UNIX
+
+
+def unlink_unix_path(sock: ListeningSocket) -> bool:
+    """Remove the path of unix listener ``sock`` if it still names this socket: no other
+    socket is bound at it (``/proc/net/unix``), so a later server that took the path over keeps
+    it. Returns whether new connections can no longer reach ``sock``."""
+    if not _is_unix(sock):
+        return False
+    try:
+        path = sock.getsockname()
+        inode = os.fstat(sock.fileno()).st_ino
+        table = Path("/proc/net/unix").read_text(errors="replace").splitlines()[1:]
+    except (OSError, ValueError):  # closed already
+        return False
+    if not isinstance(path, str) or not path:  # unnamed, or the abstract namespace
+        return False
+    # Listening sockets (``__SO_ACCEPTCON`` in the flags) bound at the path; the accepted
+    # connections' sockets carry the path too, and are not among them.
+    bound = [
+        fields[6]
+        for line in table
+        if len(fields := line.split(None, 7)) == 8
+        and fields[7] == path
+        and int(fields[3], 16) & _SO_ACCEPTCON
+    ]
+    if bound != [str(inode)]:
+        return False
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return True
+
+
 def refuse_new_connections(sock: ListeningSocket) -> bool:
     """Drop new SYNs to ``sock`` from now on (handshakes under way still complete).
 
     Returns False where the platform or the socket's family cannot do it. Affects the kernel
-    socket, so every process that holds it: use it only on a listener nobody else serves.
+    socket, so every process that holds it: use it only on a listener nobody else serves. A
+    unix listener's path is removed instead (:func:`unlink_unix_path`).
     """
+    if _is_unix(sock):
+        return unlink_unix_path(sock)
     if not _is_tcp(sock):
         return False
     try:
@@ -87,8 +146,34 @@ def refuse_new_connections(sock: ListeningSocket) -> bool:
     return True
 
 
+def accept_new_connections(sock: ListeningSocket) -> bool:
+    """Undo :func:`refuse_new_connections`: remove a socket filter from ``sock``.
+
+    For a listener this process is handed (systemd's, ``--fd``): the process that held it
+    before may have stopped on it, leaving new handshakes dropped, and whoever passed it on
+    (systemd keeps its sockets across restarts) kept it so. Returns whether a filter was removed.
+    """
+    if not _is_tcp(sock):
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_DETACH_FILTER, b"\0\0\0\0")
+    except OSError:
+        return False  # none attached (ENOENT)
+    return True
+
+
 def accept_queue_length(sock: ListeningSocket) -> int | None:
-    """Connections that completed their handshake and wait to be accepted, or None if unknown."""
+    """Connections that completed their handshake and wait to be accepted, or None if unknown
+    (a unix listener's: 1 while one or more wait, else 0)."""
+    if _is_unix(sock):
+        try:
+            listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN, 4)
+            readable, _, _ = select.select([sock.fileno()], [], [], 0)
+        except (OSError, ValueError):
+            return None
+        if not struct.unpack("i", listening)[0]:
+            return None  # not a listener: no queue
+        return 1 if readable else 0
     if not _is_tcp(sock):
         return None
     try:
