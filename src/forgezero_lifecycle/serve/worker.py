@@ -57,6 +57,7 @@ from .._errors import LifecycleError
 from .._internals import uvicorn as _uvicorn
 from ..runtime import Runtime
 from ..stop.accepting import Tally, accept_one_at_a_time
+from ..stop.server import ZeroLossServer
 from ..wire import paths
 from .channel import Channel, ChannelClosedError, read_frame_blocking
 from .command import load_app
@@ -296,13 +297,15 @@ class WorkerAgent:
             if all(sock.getsockname() != private for sock in listening.sockets):
                 listening.close()  # this process's descriptor only: the kernel socket lives on
         self.runtime.gate.begin_draining()  # every response from now on says Connection: close
-        closed = 0
-        for connection in list(server.server_state.connections):
-            if type(connection).__module__.startswith("uvicorn.protocols.http"):
-                connection.shutdown()  # idle: closed now; busy: closed after its response
-                closed += 1
-        logger.info("worker.stopped_accepting worker=%d connections=%d", self.index, closed)
-        return {"ok": True, "connections": closed}
+        # Every HTTP connection moves to the new generation: one busy closes after its response,
+        # an idle one after the first-byte grace unless a request comes (answered, then closed),
+        # so none is left open for a request the drain would refuse once intake closes.
+        connections = server.server_state.connections
+        count = sum(hasattr(connection, "cycle") for connection in connections)
+        if isinstance(server, ZeroLossServer):
+            server.zero_loss_stop.begin(connections, websockets=False)
+        logger.info("worker.stopped_accepting worker=%d connections=%d", self.index, count)
+        return {"ok": True, "connections": count}
 
 
 def _state_kind(runtime: Runtime) -> dict[str, Any] | None:
