@@ -60,8 +60,9 @@ from ..wire import paths
 from .channel import Channel, ChannelClosedError, read_frame_blocking
 from .command import load_app
 from .forwarding import GenerationControl
-from .messages import StateReport
+from .messages import LimitReport, StateReport
 from .options import ServeOptions
+from .recycling import LimitWatch
 from .server import drain_then_stop, serve_app
 
 __all__ = ["PARENT_DEATH_SIGNAL", "main"]
@@ -99,8 +100,11 @@ class WorkerAgent:
         generation: int,
         private: socket.socket,
         supervisor_pid: int,
+        limits: LimitWatch | None = None,
     ) -> None:
         self.runtime = runtime
+        #: Its recycling limits (reported once it accepts).
+        self.limits = limits or LimitWatch(options, lambda why: None)
         self.channel = channel
         self.options = options
         self.private = private
@@ -161,6 +165,7 @@ class WorkerAgent:
         if self._stopping:
             return
         self._stopping = True
+        self.limits.stop()
         logger.info("worker.stopping worker=%d reason=%s", self.index, reason)
         if server is None or not server.started:
             if server is not None:
@@ -221,6 +226,10 @@ class WorkerAgent:
     async def _stop_accepting_command(self, message: dict[str, Any]) -> dict[str, Any]:
         return self._stop_accepting()
 
+    async def _ping(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The heartbeat: answered by this event loop, with what the worker holds."""
+        return {"ok": True, "inFlight": self.runtime.in_flight().model_dump()}
+
     @property
     def _commands(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]]:
         return {
@@ -233,6 +242,7 @@ class WorkerAgent:
             "accept": self._accept_command,
             "stop_accepting": self._stop_accepting_command,
             "stop": self._stop_command,
+            "ping": self._ping,
         }
 
     async def accept(self) -> dict[str, Any]:
@@ -247,6 +257,7 @@ class WorkerAgent:
         # One connection per wake-up, so a burst spreads over the generation's workers.
         accept_one_at_a_time(server, self.shared, self.tally)
         logger.info("worker.accepting worker=%d listeners=%d", self.index, len(self.shared))
+        self.limits.start()
         return {"ok": True}
 
     async def _report_drain(self, nonce: str) -> None:
@@ -283,6 +294,7 @@ class WorkerAgent:
         server = self.server
         if server is None:
             return {"ok": False}
+        self.limits.stop()
         private = self.private.getsockname()
         for listening in server.servers:
             if all(sock.getsockname() != private for sock in listening.sockets):
@@ -329,8 +341,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     for fd in (args.channel_fd, *args.listen_fd):
         os.set_inheritable(fd, False)  # passed to this process, never to those the app starts
     listeners = [socket.socket(fileno=fd) for fd in args.listen_fd]
-    workers = options.workers or 1
-    tally = None if args.tally_fd is None else Tally.attach(args.tally_fd, workers, config["index"])
+    # A slot in the generation's tally for each place up to its size (a worker in a place past
+    # them, while several are replaced at once, accepts without one).
+    slots = int(config.get("tallySlots") or options.workers or 1)
+    index = int(config["index"])
+    tally = (
+        None
+        if args.tally_fd is None
+        else Tally.attach(args.tally_fd, slots, index if index < slots else None)
+    )
     return asyncio.run(_serve(config, options, listeners, channel_sock, args.supervisor_pid, tally))
 
 
@@ -373,6 +392,7 @@ async def _serve(
     # same index fetches this one's state export from it during a handover.
     private = socket.create_server(("127.0.0.1", 0))
     runtime.supervised = True  # its siblings on the socket drain with it, as one generation
+    limits = LimitWatch(options, lambda why: channel.notify(LimitReport(why).wire()))
     agent = WorkerAgent(
         runtime,
         channel,
@@ -381,6 +401,7 @@ async def _serve(
         generation=generation,
         private=private,
         supervisor_pid=supervisor_pid,
+        limits=limits,
     )
     agent.shared = listeners
     agent.tally = tally
@@ -388,7 +409,7 @@ async def _serve(
     loop.add_signal_handler(PARENT_DEATH_SIGNAL, agent.stop, "the supervisor is gone")
     serving = asyncio.create_task(
         serve_app(
-            GenerationControl(app, channel=channel, control=runtime.control),
+            GenerationControl(limits.wrap(app), channel=channel, control=runtime.control),
             runtime,
             options,
             sockets=[private],  # the shared listeners once the supervisor says (accept)
