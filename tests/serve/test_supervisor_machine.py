@@ -77,8 +77,8 @@ UNREACHABLE: Final = {
     },
 }  # fmt: skip
 #: Pairs the normal run reaches at least (of the reachable ones): a drop is a lost path.
-#: 84 reached in runs so far (115 reachable; hypothesis' derandomized run still varies).
-REACH_FLOOR: Final = 80
+#: 80 to 84 reached in runs so far (115 reachable; hypothesis' derandomized run still varies).
+REACH_FLOOR: Final = 76
 KINDS: Final = (
     {"protocol": "counter", "schemaVersion": 1},
     {"protocol": "counter", "schemaVersion": 2},
@@ -162,6 +162,9 @@ class SupervisorMachineTest(RuleBasedStateMachine):
     # Carrying out actions, and checking those that must never happen.
 
     def send(self, event: m.Event) -> None:
+        if isinstance(event, m.WorkerReady | m.WorkerExited | m.StartTimeout):
+            # Its revision was read before any of its workers started: no StartFailed now.
+            self.world.unread.discard(event.generation)
         place = self.machine.phase.value
         if self.machine.step is not None:
             place += f"/{self.machine.step.value}"

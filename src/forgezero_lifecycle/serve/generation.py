@@ -268,8 +268,11 @@ class Generation:
         )
         self._nonce = request.nonce
         self._lost = []
-        # A worker leaving alone (recycled, scaled down) drains on its own bound.
-        self._drained_by = [w for w in self.workers if w.ready.is_set() and not w.retiring]
+        # A worker leaving alone (recycled, scaled down) drains on its own bound; one gone for
+        # good (killed unresponsive, its place not taken again yet) holds nothing.
+        self._drained_by = [
+            w for w in self.workers if w.ready.is_set() and not w.retiring and not w.exited.is_set()
+        ]
         for worker in self._drained_by:
             worker.drain_begun(request.nonce)
         self.fan_out("begin", request=request.model_dump(by_alias=True))

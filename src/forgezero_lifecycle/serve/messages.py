@@ -41,6 +41,9 @@ COMMANDS: Final = {
     "accept": (),
     "stop_accepting": (),
     "stop": ("force",),
+    # Leave a generation that serves on (recycled, scaled down): stop accepting, let the
+    # keep-alive clients move to the siblings for ``grace`` seconds, then drain and stop.
+    "retire": ("grace",),
     # The heartbeat (``--worker-timeout``): answered by the worker's event loop.
     "ping": (),
 }

@@ -713,26 +713,28 @@ class Supervisor:
         why = "unresponsive" if unresponsive else "not stopped in time"
         for index in indexes:
             worker = generation.workers[index]
+            worker.retiring = worker.retiring or unresponsive
             if not worker.exited.is_set():
                 logger.error("supervisor.worker_killed %s: %s", worker.name, why)
                 worker.signal(signal.SIGKILL)
 
     def _hand_over(self, generation: Generation, indexes: tuple[int, ...], timer: int) -> None:
         """These workers leave a generation that serves on: each stops accepting, asks its
-        keep-alive clients to reconnect (to its siblings) for the handover grace, then drains;
-        killed if still running after the stop's bound."""
+        keep-alive clients to reconnect (to its siblings) for the handover grace and until its
+        HTTP connections are closed, then drains (``retire``); killed if still running after
+        that bound."""
         for index in indexes:
             worker = generation.workers[index]
             worker.retiring = True
             logger.info("supervisor.worker_retiring %s: it hands its clients over", worker.name)
             self._spawn(self._retire(worker))
-        self._spawn(self._later(self._stop_bound, m.StopTimeout(generation.number, timer)))
+        # The grace, the wait for its connections to close (bounded by the drain's deadline),
+        # then its drain and stop.
+        bound = self._options.handover_grace + self._options.drain_timeout + self._stop_bound
+        self._spawn(self._later(bound, m.StopTimeout(generation.number, timer)))
 
     async def _retire(self, worker: WorkerHandle) -> None:
-        await worker.command("stop_accepting")
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(worker.exited.wait(), self._options.handover_grace)
-        await worker.command("stop")
+        await worker.command("retire", grace=self._options.handover_grace)
 
     def _replacing_began(self, number: int, new: int, old: int | None, kind: str, why: str) -> None:
         generation = self._generations[number]

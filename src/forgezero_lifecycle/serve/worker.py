@@ -75,6 +75,8 @@ _PR_SET_PDEATHSIG: Final = 1
 _COMMANDED: Final = {signal.SIGINT, signal.SIGTERM}
 #: How often the worker looks whether uvicorn has finished starting (it offers no event).
 _STARTUP_LOOK: Final = 0.02
+#: How often a retiring worker looks whether its HTTP connections are closed (no event either).
+_CONNECTIONS_LOOK: Final = 0.05
 
 
 def _set_parent_death_signal(signum: int) -> None:
@@ -226,6 +228,33 @@ class WorkerAgent:
     async def _stop_accepting_command(self, message: dict[str, Any]) -> dict[str, Any]:
         return self._stop_accepting()
 
+    async def _retire_command(self, message: dict[str, Any]) -> dict[str, Any]:
+        grace = float(message["grace"])
+        if not self._stopping:
+            self._spawn(self._retire(grace))
+        return {"ok": True}
+
+    async def _retire(self, grace: float) -> None:
+        """Leave the generation alone (recycled, scaled down): stop accepting and ask every
+        HTTP connection to close (as a handover's old generation does), then, once the grace
+        is over and the HTTP connections are closed (or the drain's deadline passed), drain and
+        stop. A connection accepted just before the listener closed is answered with
+        ``Connection: close`` once its first request comes: the drain waits for it instead of
+        refusing that request."""
+        self._stop_accepting()
+        await asyncio.sleep(grace)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.drain_timeout
+        while self._http_connections() and loop.time() < deadline:  # noqa: ASYNC110 - uvicorn offers no event for a closed connection
+            await asyncio.sleep(_CONNECTIONS_LOOK)
+        self.stop("retired: its clients went to its siblings")
+
+    def _http_connections(self) -> int:
+        server = self.server
+        if server is None:
+            return 0
+        return sum(_is_http(c) for c in server.server_state.connections)
+
     async def _ping(self, message: dict[str, Any]) -> dict[str, Any]:
         """The heartbeat: answered by this event loop, with what the worker holds."""
         return {"ok": True, "inFlight": self.runtime.in_flight().model_dump()}
@@ -243,6 +272,7 @@ class WorkerAgent:
             "stop_accepting": self._stop_accepting_command,
             "stop": self._stop_command,
             "ping": self._ping,
+            "retire": self._retire_command,
         }
 
     async def accept(self) -> dict[str, Any]:
@@ -302,11 +332,15 @@ class WorkerAgent:
         self.runtime.gate.begin_draining()  # every response from now on says Connection: close
         closed = 0
         for connection in list(server.server_state.connections):
-            if type(connection).__module__.startswith("uvicorn.protocols.http"):
+            if _is_http(connection):
                 connection.shutdown()  # idle: closed now; busy: closed after its response
                 closed += 1
         logger.info("worker.stopped_accepting worker=%d connections=%d", self.index, closed)
         return {"ok": True, "connections": closed}
+
+
+def _is_http(connection: object) -> bool:
+    return type(connection).__module__.startswith("uvicorn.protocols.http")
 
 
 def _state_kind(runtime: Runtime) -> dict[str, Any] | None:
