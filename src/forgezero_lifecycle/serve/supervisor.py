@@ -570,7 +570,8 @@ class Supervisor:
             self._spawn(self._start_worker(generation, index))
 
     def _new_generation(self, number: int, revision: str | None) -> Generation:
-        options = dataclasses.replace(self._options, revision=revision)
+        # As many workers as the generation has now (scaling changes it between generations).
+        options = dataclasses.replace(self._options, revision=revision, workers=self.machine.size)
         generation = Generation(
             number,
             app=self._app,
