@@ -77,8 +77,9 @@ UNREACHABLE: Final = {
     },
 }  # fmt: skip
 #: Pairs the normal run reaches at least (of the reachable ones): a drop is a lost path.
-#: 80 to 84 reached in runs so far (115 reachable; hypothesis' derandomized run still varies).
-REACH_FLOOR: Final = 76
+#: 72 to 84 reached in runs so far (115 reachable; hypothesis' derandomized run still varies:
+#: 80 to 84 alone, 72 in one batch of files under pytest-xdist).
+REACH_FLOOR: Final = 68
 KINDS: Final = (
     {"protocol": "counter", "schemaVersion": 1},
     {"protocol": "counter", "schemaVersion": 2},
