@@ -32,6 +32,7 @@ MODULES: Final = (
     "canonical",
     "handoff",
     "handover",
+    "recycling",
     "scaling",
     "jobs",
     "jobs_peer",

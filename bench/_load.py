@@ -5,7 +5,9 @@ fixed number of keep-alive connections, one request outstanding on each (as ``wr
 returns requests/s and latency percentiles. With ``tool="auto"`` it uses ``wrk -t1`` when it is
 on ``PATH``, else this module's own generator in a child process (``python -m bench._load``):
 raw asyncio protocols (uvloop when installed) writing one prepared ``GET`` and counting
-``Content-Length`` responses, so it costs far less CPU per request than any HTTP library.
+``Content-Length`` responses, so it costs far less CPU per request than any HTTP library. As
+``wrk`` does, a connection the server closes (after a ``Connection: close`` response, or under
+a request, which then counts as an error) is opened again until the run is over.
 Everything is bounded: the duration, the request count, and a hard timeout on the child.
 
 ``FORGEZERO_BENCH_LOAD=python`` (or ``wrk``) overrides the choice of ``tool="auto"``, e.g. to
@@ -41,6 +43,8 @@ _WRK_SOCKET: Final = re.compile(
     r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)"
 )
 _TO_MS: Final = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
+#: How long the Python generator waits before it opens again a connection that was refused.
+_RECONNECT_PAUSE: Final = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +151,10 @@ class _Shared:
         self.errors = 0
         self.latencies: list[float] = []
 
+    def open(self) -> bool:
+        """The run goes on: its time is not over and its budget not spent."""
+        return time.perf_counter() < self.deadline and (self.budget is None or self.budget > 0)
+
     def take(self) -> bool:
         if time.perf_counter() >= self.deadline:
             return False
@@ -159,7 +167,8 @@ class _Shared:
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection: send, read one Content-Length response, repeat."""
+    """One keep-alive connection: send, read one Content-Length response, repeat (until the
+    server asks to close it)."""
 
     def __init__(self, request: bytes, shared: _Shared, done: asyncio.Future[None]) -> None:
         self._request = request
@@ -168,6 +177,8 @@ class _Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._need = -1
         self._ok = False
+        self._close = False
+        self._in_flight = False
         self._sent_at = 0.0
         self._transport: asyncio.Transport | None = None
 
@@ -181,6 +192,7 @@ class _Connection(asyncio.Protocol):
             self._transport.close()
             return
         self._sent_at = time.perf_counter()
+        self._in_flight = True
         self._transport.write(self._request)
 
     def data_received(self, data: bytes) -> None:
@@ -192,6 +204,7 @@ class _Connection(asyncio.Protocol):
                 return
             head = bytes(buffer[:end]).lower()
             self._ok = head[9:10] == b"2"
+            self._close = b"\r\nconnection: close" in head
             at = head.find(b"\r\ncontent-length:")
             if at < 0:
                 self._fail()
@@ -206,6 +219,11 @@ class _Connection(asyncio.Protocol):
             self._shared.errors += 1
         del buffer[: self._need]
         self._need = -1
+        self._in_flight = False
+        if self._close:
+            assert self._transport is not None
+            self._transport.close()  # the caller opens another connection
+            return
         self._send()
 
     def _fail(self) -> None:
@@ -214,7 +232,7 @@ class _Connection(asyncio.Protocol):
             self._transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._need >= 0 or exc is not None:
+        if self._in_flight:  # a request sent and not (wholly) answered
             self._shared.errors += 1
         if not self._done.done():
             self._done.set_result(None)
@@ -227,16 +245,27 @@ async def _generate(url: str, seconds: float, connections: int, requests: int | 
     loop = asyncio.get_running_loop()
     started = time.perf_counter()
     shared = _Shared(started + seconds, requests)
-    finished: list[asyncio.Future[None]] = []
-    for _ in range(connections):
-        done: asyncio.Future[None] = loop.create_future()
-        await loop.create_connection(
-            lambda done=done: _Connection(request, shared, done),  # type: ignore[misc]
-            parts.hostname or "127.0.0.1",
-            parts.port or 80,
-        )
-        finished.append(done)
-    await asyncio.wait_for(asyncio.gather(*finished), seconds + 10)
+
+    async def connection(first: bool) -> None:
+        """One of the ``connections``, opened again each time the server closes it."""
+        while first or shared.open():
+            first = False
+            done: asyncio.Future[None] = loop.create_future()
+            try:
+                await loop.create_connection(
+                    lambda done=done: _Connection(request, shared, done),  # type: ignore[misc]
+                    parts.hostname or "127.0.0.1",
+                    parts.port or 80,
+                )
+            except OSError:
+                shared.errors += 1  # refused: counted, as wrk's connect errors
+                await asyncio.sleep(_RECONNECT_PAUSE)
+                continue
+            await done
+
+    await asyncio.wait_for(
+        asyncio.gather(*(connection(True) for _ in range(connections))), seconds + 10
+    )
     elapsed = time.perf_counter() - started
     latencies = sorted(shared.latencies)
     count = len(latencies)

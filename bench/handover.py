@@ -43,6 +43,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -155,9 +156,19 @@ async def _handover(kind: str, workdir: Path) -> Handover:
         "FZREL_SIGNAL_DRAIN": f"{DRAIN_TIMEOUT:g}",
         **({} if kind in OURS else {"FZREL_BARE": "1"}),
     }
+    async with server_process(_command(kind, port, revision_file), env, log_path) as process:
+        return await _load_through_reloads(kind, process, port, revision_file, log_path)
+
+
+@contextlib.asynccontextmanager
+async def server_process(
+    command: list[str], env: dict[str, str], log_path: Path
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """A server started in a process group of its own, its output in ``log_path``; when the
+    block ends it gets SIGTERM, and the whole group SIGKILL if it has not exited 30 s later."""
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
-            *_command(kind, port, revision_file),
+            *command,
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=log,
@@ -165,7 +176,7 @@ async def _handover(kind: str, workdir: Path) -> Handover:
             start_new_session=True,  # its workers share its process group: one kill ends all
         )
     try:
-        return await _load_through_reloads(kind, process, port, revision_file, log_path)
+        yield process
     finally:
         if process.returncode is None:
             with contextlib.suppress(ProcessLookupError):

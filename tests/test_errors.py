@@ -80,6 +80,7 @@ TREE = {
     "BodyTooLargeError": ("ControlError", ValueError, ("RUNTIME_BODY_TOO_LARGE",)),
     "BodyTimeoutError": ("ControlError", ValueError, ("RUNTIME_BODY_TIMEOUT",)),
     "ReloadBusyError": ("ControlError", RuntimeError, ("RUNTIME_RELOAD_BUSY",)),
+    "ScaleRefusedError": ("ControlError", RuntimeError, ("RUNTIME_SCALE_REFUSED",)),
     "ContentTypeInvalidError": ("ControlError", ValueError, ("RUNTIME_CONTENT_TYPE",)),
     "ControlPathNotFoundError": ("ControlError", LookupError, ("RUNTIME_NOT_FOUND",)),
     "ControlUnreachableError": ("ControlError", ConnectionError, ("RUNTIME_UNREACHABLE",)),

@@ -42,6 +42,7 @@ checks it) and says in words what its code says (``DrainNotFoundError``,
     │   ├── ControlPathNotFoundError (LookupError)      RUNTIME_NOT_FOUND
     │   ├── MethodNotAllowedError                       RUNTIME_METHOD_NOT_ALLOWED (.allow)
     │   ├── ReloadBusyError (RuntimeError)              RUNTIME_RELOAD_BUSY
+    │   ├── ScaleRefusedError (RuntimeError)            RUNTIME_SCALE_REFUSED
     │   ├── ControlUnreachableError (ConnectionError)   RUNTIME_UNREACHABLE (client side only)
     │   └── RemoteError                                 any code this client does not know
     ├── QueueError (RuntimeError)
@@ -99,6 +100,7 @@ __all__ = [
     "QueueStoppedError",
     "ReloadBusyError",
     "RemoteError",
+    "ScaleRefusedError",
     "ScheduleError",
     "ScheduleIntakePausedError",
     "ScheduleInvalidError",
@@ -281,6 +283,13 @@ class ReloadBusyError(ControlError, RuntimeError):
     """A reload while a handover or the stop runs (``serve --workers``)."""
 
     codes = ("RUNTIME_RELOAD_BUSY",)
+
+
+class ScaleRefusedError(ControlError, RuntimeError):
+    """A scaling the supervisor cannot make now: during its start, a handover, a drain or the
+    stop, or past 1 to its most workers (``serve --workers``)."""
+
+    codes = ("RUNTIME_SCALE_REFUSED",)
 
 
 class ControlUnreachableError(ControlError, ConnectionError):

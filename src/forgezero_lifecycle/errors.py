@@ -32,6 +32,7 @@ from ._errors import QueueKeyStoppedError as QueueKeyStoppedError
 from ._errors import QueueStoppedError as QueueStoppedError
 from ._errors import ReloadBusyError as ReloadBusyError
 from ._errors import RemoteError as RemoteError
+from ._errors import ScaleRefusedError as ScaleRefusedError
 from ._errors import ScheduleError as ScheduleError
 from ._errors import ScheduleIntakePausedError as ScheduleIntakePausedError
 from ._errors import ScheduleInvalidError as ScheduleInvalidError
@@ -70,6 +71,7 @@ __all__ = [
     "QueueStoppedError",
     "ReloadBusyError",
     "RemoteError",
+    "ScaleRefusedError",
     "ScheduleError",
     "ScheduleIntakePausedError",
     "ScheduleInvalidError",

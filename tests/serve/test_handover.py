@@ -115,6 +115,7 @@ def _start(
     tmp_path: Path,
     *flags: str,
     env: dict[str, str] | None = None,
+    workers: int = 2,
 ) -> tuple[Supervised, Path, Path]:
     revision_file = tmp_path / "revision"
     revision_file.write_text(revision(1))
@@ -125,7 +126,7 @@ def _start(
     served = start_supervised(
         "--revision-file", str(revision_file), "--handover-grace", "1s",
         "--drain-timeout", "20s", "--start-timeout", "20s", *flags,
-        workers=2,
+        workers=workers,
         target="tests.serve.reliability_app:app",
         env={
             "FORGEZERO_HANDOFF_TOKEN": HANDOFF_TOKEN,

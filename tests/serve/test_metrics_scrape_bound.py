@@ -61,6 +61,9 @@ def _control(workers: Sequence[CountingWorker], clock: ManualClock) -> Forwarded
     return ForwardedControl(
         generation,  # type: ignore[arg-type]  # a stand-in: only its workers are asked
         on_reload=lambda: "not here",
+        on_scale=lambda by: "not here",
+        status=dict,
+        exposition=str,
         handovers=HandoverLog(),
         serving=lambda: None,
         known=tuple,

@@ -26,6 +26,9 @@ EVENTS: dict[str, m.Event] = {
     "StateHanded": m.StateHanded(2),
     "QueueEmptied": m.QueueEmptied(),
     "StopTimeout": m.StopTimeout(1, 1),
+    "LimitReached": m.LimitReached(1, 0, "max-requests"),
+    "WorkerUnresponsive": m.WorkerUnresponsive(1, 0),
+    "Scale": m.Scale(1),
 }
 
 

@@ -42,6 +42,7 @@ from .._errors import (
     LifecycleError,
     MethodNotAllowedError,
     ReloadBusyError,
+    ScaleRefusedError,
     StateConflictError,
     StateExportError,
     StateInputInvalidError,
@@ -102,7 +103,9 @@ def status_for(error: LifecycleError) -> int:
         return 404
     if isinstance(error, MethodNotAllowedError):
         return 405
-    if isinstance(error, DrainConflictError | StateConflictError | ReloadBusyError):
+    if isinstance(
+        error, DrainConflictError | StateConflictError | ReloadBusyError | ScaleRefusedError
+    ):
         return 409
     if isinstance(error, StateExportError):
         return 422
@@ -128,7 +131,8 @@ class Answer:
 #: Hands a generation-wide call on, ``(call, arguments) -> Answer``. The calls: ``drain.begin``
 #: ``{"request": <the decoded body>}``, ``drain.status`` ``{"nonce"}``, ``drain.current`` ``{}``,
 #: ``drain.rollback`` ``{"nonce"}``, ``schedules`` ``{}``, ``metrics`` ``{"head": bool}``,
-#: ``reload`` ``{}`` and ``handover`` ``{"number": int | None}``.
+#: ``reload`` ``{}``, ``handover`` ``{"number": int | None}``, ``scale`` ``{"by": 1 | -1}`` and
+#: ``status`` ``{}``.
 GenerationCall = Callable[[str, dict[str, object]], Awaitable[Answer]]
 
 #: The paths a ``serve --workers`` supervisor answers for the whole generation.
@@ -142,6 +146,8 @@ GENERATION_PATHS: Final = frozenset(
         paths.RUNTIME_METRICS_PATH,
         paths.RUNTIME_SUPERVISOR_RELOAD_PATH,
         paths.RUNTIME_SUPERVISOR_HANDOVER_PATH,
+        paths.RUNTIME_SUPERVISOR_SCALE_PATH,
+        paths.RUNTIME_SUPERVISOR_STATUS_PATH,
     }
 )
 
@@ -223,6 +229,10 @@ class ControlApp:
             paths.RUNTIME_METRICS_PATH: _Route(forwarding._forward_metrics, "GET", None),
             paths.RUNTIME_SUPERVISOR_RELOAD_PATH: _Route(forwarding._reload, "POST", "control"),
             paths.RUNTIME_SUPERVISOR_HANDOVER_PATH: _Route(forwarding._handover, "GET", "control"),
+            paths.RUNTIME_SUPERVISOR_SCALE_PATH: _Route(forwarding._scale, "POST", "control"),
+            paths.RUNTIME_SUPERVISOR_STATUS_PATH: _Route(
+                forwarding._supervisor_status, "GET", "control"
+            ),
         }
         return forwarding
 
@@ -241,6 +251,8 @@ class ControlApp:
             # Served by a ``serve --workers`` supervisor only: here they say what to do instead.
             paths.RUNTIME_SUPERVISOR_RELOAD_PATH: _Route(_not_supervised, "POST", "control"),
             paths.RUNTIME_SUPERVISOR_HANDOVER_PATH: _Route(_not_supervised, "GET", "control"),
+            paths.RUNTIME_SUPERVISOR_SCALE_PATH: _Route(_not_supervised, "POST", "control"),
+            paths.RUNTIME_SUPERVISOR_STATUS_PATH: _Route(_not_supervised, "GET", "control"),
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -416,6 +428,16 @@ class ControlApp:
             number = int(wanted)
         return await self._forward("handover", {"number": number})
 
+    async def _scale(self, request: Request) -> Response:
+        body = await self._body(request, _scale_body_invalid)
+        by = body.get("by") if isinstance(body, dict) and set(body) == {"by"} else None
+        if by not in (1, -1) or isinstance(by, bool):
+            raise _scale_body_invalid()
+        return await self._forward("scale", {"by": by})
+
+    async def _supervisor_status(self, request: Request) -> Response:
+        return await self._forward("status", {})
+
     def _require_handoff(self) -> StateHandoffController[Any]:
         if self._handoff is None:
             raise StateNotFoundError(detail="this runtime has no state adapter")
@@ -468,6 +490,10 @@ def _nonce_query(request: Request) -> str:
 
 def _reload_body_not_json() -> LifecycleError:
     return DrainRequestInvalidError(detail="the body of a reload is the empty object {}")
+
+
+def _scale_body_invalid() -> LifecycleError:
+    return DrainRequestInvalidError(detail='the body of a scale is {"by": 1} or {"by": -1}')
 
 
 def _drain_body_not_json() -> LifecycleError:

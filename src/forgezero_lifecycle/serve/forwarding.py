@@ -3,8 +3,8 @@ answers them for the whole generation.
 
 There is one control plane: :class:`~forgezero_lifecycle.asgi.control.ControlApp`. A worker
 serves the generation-wide paths (:data:`~forgezero_lifecycle.asgi.control.GENERATION_PATHS`:
-the drain paths, ``schedules``, ``metrics``, ``supervisor/v1/reload`` and
-``supervisor/v1/handover``) with the app its runtime built, made by
+the drain paths, ``schedules``, ``metrics``, ``supervisor/v1/reload``,
+``supervisor/v1/handover``, ``supervisor/v1/scale`` and ``supervisor/v1/status``) with the app its runtime built, made by
 :meth:`~forgezero_lifecycle.asgi.control.ControlApp.for_generation`. So the token, the Host and
 forwarding-header rules of ``--insecure-loopback-control``, the content type, the body's size and
 time bounds and every error code are the single-process ones, applied in the worker before
@@ -19,9 +19,10 @@ scrape). A supervisor that does not answer in time is a 503 ``RUNTIME_SUPERVISOR
 The answers: the drain calls from the generation's drain controller, with the per-worker picture
 in ``detail`` (``status`` and ``rollback`` from whichever generation the supervisor still knows
 holds the nonce, and a ``begin`` reaching a generation that a handover is retiring refused with
-``RUNTIME_DRAIN_GENERATION_RETIRING``, as docs/serve.md says); ``schedules`` and ``metrics`` from every worker, labelled with its worker;
+``RUNTIME_DRAIN_GENERATION_RETIRING``, as docs/serve.md says); ``schedules`` and ``metrics`` from every worker, labelled with its worker (and the supervisor's own counters after them);
 ``reload`` begins a handover and answers with its number; ``handover`` from the supervisor's
-record (:mod:`.handovers`). A metrics scrape needs no token, so the supervisor fans one out to
+record (:mod:`.handovers`); ``scale`` adds or removes one worker and answers the size;
+``status`` is the supervisor's own (its workers, replacements and unresponsive workers). A metrics scrape needs no token, so the supervisor fans one out to
 the workers at a time and reuses its merged scrape for :data:`METRICS_REUSE` seconds.
 """
 
@@ -41,12 +42,13 @@ from .._errors import (
     DrainRequestInvalidError,
     LifecycleError,
     ReloadBusyError,
+    ScaleRefusedError,
 )
 from ..asgi._paths import app_path
 from ..asgi._types import ASGIApp, Receive, Scope, Send
 from ..asgi.control import GENERATION_PATHS, Answer, ControlApp, error_answer
 from ..core.drain import DrainController
-from ..wire.supervisor import ReloadAccepted
+from ..wire.supervisor import ReloadAccepted, ScaleAccepted
 from .channel import Channel, ChannelClosedError
 from .handovers import HandoverLog
 
@@ -142,6 +144,9 @@ class ForwardedControl:
         generation: _Generation,
         *,
         on_reload: Callable[[], int | str],
+        on_scale: Callable[[int], int | str],
+        status: Callable[[], dict[str, Any]],
+        exposition: Callable[[], str],
         handovers: HandoverLog,
         serving: Callable[[], _Generation | None],
         known: Callable[[], Sequence[_Generation]],
@@ -158,6 +163,9 @@ class ForwardedControl:
         self._scraped: tuple[float, str | None] | None = None
         self._scraping = asyncio.Lock()  # one fan-out at a time; the others wait and reuse it
         self._on_reload = on_reload
+        self._on_scale = on_scale
+        self._status_of_supervisor = status
+        self._exposition = exposition
         self._handovers = handovers
         self._calls: Mapping[str, Callable[[Mapping[str, object]], Awaitable[_Reply]]] = {
             "drain.begin": self._begin,
@@ -168,6 +176,8 @@ class ForwardedControl:
             "metrics": self._metrics,
             "reload": self._reload,
             "handover": self._handover,
+            "scale": self._scale,
+            "status": self._supervisor,
         }
 
     async def answer(self, call: str, arguments: Mapping[str, object]) -> dict[str, Any]:
@@ -273,13 +283,25 @@ class ForwardedControl:
             return None
         from ..metrics import merge_expositions
 
-        return merge_expositions(scraped).decode()
+        return merge_expositions(scraped).decode() + self._exposition()
 
     async def _reload(self, arguments: Mapping[str, object]) -> _Reply:
         number = self._on_reload()
         if isinstance(number, str):
             raise ReloadBusyError(detail=f"{number}; try again once it is done")
         return 202, ReloadAccepted(handover=number).model_dump(mode="json"), []
+
+    async def _scale(self, arguments: Mapping[str, object]) -> _Reply:
+        by = arguments.get("by")
+        if by not in (1, -1) or isinstance(by, bool) or not isinstance(by, int):
+            raise DrainRequestInvalidError(detail='the body of a scale is {"by": 1} or {"by": -1}')
+        workers = self._on_scale(by)
+        if isinstance(workers, str):
+            raise ScaleRefusedError(detail=workers)
+        return 202, ScaleAccepted(workers=workers).model_dump(mode="json"), []
+
+    async def _supervisor(self, arguments: Mapping[str, object]) -> _Reply:
+        return 200, self._status_of_supervisor(), []
 
     async def _handover(self, arguments: Mapping[str, object]) -> _Reply:
         number = arguments.get("number")

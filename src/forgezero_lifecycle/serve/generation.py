@@ -65,6 +65,7 @@ class Generation:
         on_exit: Callable[[WorkerHandle], None],
         on_drain: DrainHook,
         on_failure: HandlerFailed,
+        on_limit: Callable[[WorkerHandle, str], None] | None = None,
     ) -> None:
         assert options.workers is not None
         self.number = number
@@ -76,6 +77,7 @@ class Generation:
         self._on_exit = on_exit
         self._on_drain = on_drain
         self._on_failure = on_failure
+        self._on_limit = on_limit
         self._answer: Answer | None = None
         self.workers: list[WorkerHandle] = []
         self._changed = asyncio.Event()
@@ -87,8 +89,10 @@ class Generation:
         #: Workers of the running drain replaced meanwhile: still shown in its status.
         self._lost: list[WorkerHandle] = []
         self.controller = DrainController(_FanOut(self), revision=self.revision)
-        # Each worker's open connections, so a burst spreads over them (stop.accepting).
-        self.tally, self._tally_file = Tally.create(options.workers)
+        # Each worker's open connections, so a burst spreads over them (stop.accepting): a slot
+        # for each place a worker may take, with room for those replaced or added meanwhile.
+        self._tally_slots = 2 * options.workers + 2
+        self.tally, self._tally_file = Tally.create(self._tally_slots)
 
     def __repr__(self) -> str:
         return f"generation {self.number}"
@@ -114,6 +118,7 @@ class Generation:
             on_report=self.changed,
             on_exit=self._exited,
             on_failure=self._on_failure,
+            on_limit=self._on_limit,
         )
 
     def _exited(self, worker: WorkerHandle) -> None:
@@ -127,21 +132,27 @@ class Generation:
             "options": dataclasses.asdict(self._options),
             "index": worker.index,
             "generation": self.number,
+            "tallySlots": self._tally_slots,
         }
 
-    def prepare(self) -> list[WorkerHandle]:
-        """A handle for each worker, none started yet."""
-        assert self._options.workers is not None
-        self.workers = [self._handle(index) for index in range(self._options.workers)]
+    def prepare(self, workers: int) -> list[WorkerHandle]:
+        """A handle for each of ``workers`` workers, none started yet."""
+        self.workers = [self._handle(index) for index in range(workers)]
         return self.workers
+
+    def place(self, index: int) -> None:
+        """Handles up to place ``index`` (a worker added, or a replacement in a new place)."""
+        self.workers += [self._handle(i) for i in range(len(self.workers), index + 1)]
 
     def forgo_worker(self, index: int) -> WorkerHandle:
         """A fresh handle in ``index``'s place that will never be started."""
+        self.place(index)
         self.workers[index] = self._handle(index)
         return self.workers[index]
 
     async def start_worker(self, index: int) -> WorkerHandle:
         """Start worker ``index`` (a fresh process in its place); it reports ready or exits."""
+        self.place(index)
         if self.workers[index].process is not None:
             if self.controller.active and self.workers[index] in self._drained_by:
                 self._lost.append(self.workers[index])
@@ -270,7 +281,11 @@ class Generation:
         )
         self._nonce = request.nonce
         self._lost = []
-        self._drained_by = [worker for worker in self.workers if worker.ready.is_set()]
+        # A worker leaving alone (recycled, scaled down) drains on its own bound; one gone for
+        # good (killed unresponsive, its place not taken again yet) holds nothing.
+        self._drained_by = [
+            w for w in self.workers if w.ready.is_set() and not w.retiring and not w.exited.is_set()
+        ]
         for worker in self._drained_by:
             worker.drain_begun(request.nonce)
         self.fan_out("begin", request=request.model_dump(by_alias=True))

@@ -34,15 +34,16 @@ Every (phase, event) pair (rendered from :data:`.table.TABLE`)::
 
     Reload (reload (SIGHUP or request)):
       starting: refused: the first generation is still starting
-      serving: refused while an orchestrator's drain holds g (until its rollback); else start
-          generation n, the handover's step is starting
+      serving: refused while an orchestrator's drain holds g (until its rollback); else a worker
+          replacement running ends (its new worker stops; an unresponsive worker is killed),
+          start generation n, the handover's step is starting
       handing-over: refused: one handover at a time
       stopping: refused: the supervisor is stopping
       stopped: *stale*: the supervisor has exited: a late report of one of its tasks
     StopSignal (stop signal (SIGTERM, SIGINT)):
       starting: stop every worker (none accepted yet) under the short bound; exit 1 once gone
       serving: drain g under the stop's deadline; a replacement still starting stops (short
-          bound)
+          bound); a worker handing over drains on under its own bound
       handing-over: the handover ends. n not accepting yet: stop n (short bound), drain g; after
           the switch: drain g and n, both begun now under one deadline
       stopping: the second signal forces: stop every worker now, kill after the forced bound,
@@ -50,7 +51,10 @@ Every (phase, event) pair (rendered from :data:`.table.TABLE`)::
       stopped: *stale*: the supervisor has exited: a late report of one of its tasks
     WorkerReady (worker ready):
       starting: all of g ready: g accepts, serving
-      serving: a replacement: it accepts (joining its generation's drain first, if one holds it)
+      serving: a replacement: it accepts (joining its generation's drain first, if one holds
+          it); one that takes a worker's place: then that worker stops accepting, hands its
+          clients over and drains (full bound), or is killed if unresponsive; the next
+          replacement begins
       handing-over: n all ready: the state refused → abort (n stops, g untouched), else n
           accepts, g stops accepting, the grace starts; a replacement of the accepting
           generation accepts
@@ -60,7 +64,8 @@ Every (phase, event) pair (rendered from :data:`.table.TABLE`)::
     WorkerExited (worker exited):
       starting: the start failed: stop the rest, exit 1 once gone
       serving: its generation serving, or held by an orchestrator's drain: replace it after a
-          backoff; else recorded
+          backoff; a worker that left for good (recycled, scaled down, unresponsive) is not
+          replaced; a new worker that did not start ends its replacement; else recorded
       handing-over: a worker of n before the switch: abort (n stops, g untouched); of the
           generation that serves (or is held by an orchestrator's drain): replace it after a
           backoff; the last of g in stopping-old: done
@@ -139,13 +144,54 @@ Every (phase, event) pair (rendered from :data:`.table.TABLE`)::
       handing-over: kill the workers that stop left, if any is still running
       stopping: kill the workers that stop left, if any is still running
       stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    LimitReached (limit reached (recycling)):
+      starting: *impossible* (raises): a worker counts toward its limits only once it accepts,
+          and none accepts before the first generation serves
+      serving: a worker of g that accepts is due: its replacement starts now or after the one
+          running (one at a time); once it accepts, the worker hands over and drains
+      handing-over: recorded: recycling pauses until the handover is done (then only for n's
+          workers)
+      stopping: *stale*: no worker starts into a stop: the stop drains the worker anyway
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    WorkerUnresponsive (worker unresponsive (heartbeat)):
+      starting: *impossible* (raises): the heartbeat watches a worker only once it accepts, and
+          none accepts before the first generation serves
+      serving: a worker of g that accepts: its replacement starts first (before any recycling),
+          and once that accepts the unresponsive worker is killed; any other: killed now
+      handing-over: killed now: the handover replaces its generation (one of the generation that
+          serves is replaced after a backoff, as any lost worker)
+      stopping: killed now: it finishes nothing it admitted (its generation's drain fails for
+          it)
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    Scale (scale (SIGTTIN, SIGTTOU or request)):
+      starting: refused: the first generation is still starting
+      serving: refused while an orchestrator's drain holds g, or below 1 or above the most
+          workers; else g's size changes: a worker is added (ready, then it accepts), or the
+          last that accepts hands its clients over and drains
+      handing-over: refused: a handover is running
+      stopping: refused: the supervisor is stopping
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
 
 The invariants (checked after every step by ``tests/serve/test_supervisor_machine.py``): a worker
-whose generation accepted is killed only when the stop was forced or its generation's drain has
-settled; a stop drains every generation that holds admitted work, all begun in the same step; no
-worker is started into a generation that stopped accepting; exit 0 only when every generation
-that accepted drained; at most one generation accepts between steps (two only inside the
-handover's switch: n accepts before g stops); an aborted handover never touches g.
+whose generation accepted is killed only when the stop was forced, its generation's drain has
+settled, its own drain's bound is over (a worker that left alone: recycled, scaled down) or it
+stopped answering the heartbeat; a stop drains every generation that holds admitted work, all
+begun in the same step; no worker is started into a generation that stopped accepting; exit 0
+only when every generation that accepted drained; at most one generation accepts between steps
+(two only inside the handover's switch: n accepts before g stops); an aborted handover never
+touches g; one worker replacement at a time, begun only while the generation serves alone, and
+the new worker accepts before the one it replaces stops accepting; a generation keeps 1 to
+:data:`MAX_WORKERS` workers.
+
+Replacing one worker while its generation serves on (recycling, the watchdog, scaling) is a
+handover of one worker: the new worker starts in a free place of the generation (the place of
+a worker that left for good, or a new one), is ready, accepts; only then does the worker it
+replaces stop accepting, ask its keep-alive clients to reconnect (its siblings take them) and
+drain under its own bound (``StopWorkers(hand_over=True)``), or, when its event loop stopped
+answering, get killed. A replacement whose new worker does not start is given up: the worker
+due keeps serving (an unresponsive one is killed, and replaced as any lost worker). A handover
+or a stop gives up the replacement running and every one due: the handover replaces every
+worker, and no worker starts into a stop.
 """
 
 from __future__ import annotations
@@ -153,12 +199,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, final
+from typing import Any, Final, Literal, final
 
 from .table import TABLE, Impossible, ImpossibleEventError, Phase, Stale
 
 __all__ = [
     "BEGINNINGS",
+    "MAX_WORKERS",
     "REPLACE_BACKOFF",
     "Accept",
     "Action",
@@ -177,11 +224,16 @@ __all__ = [
     "HandoverEnded",
     "ImpossibleEventError",
     "Kill",
+    "LimitReached",
     "Phase",
     "QueueEmptied",
     "Refused",
     "Reload",
     "ReplaceDue",
+    "ReplacementBegun",
+    "ReplacementEnded",
+    "Scale",
+    "Scaled",
     "ScheduleReplacement",
     "StartFailed",
     "StartGeneration",
@@ -198,11 +250,15 @@ __all__ = [
     "WorkerExited",
     "WorkerReady",
     "WorkerState",
+    "WorkerUnresponsive",
     "state_refusal",
 ]
 
 #: Pauses before each attempt to replace a worker that died while its generation served.
 REPLACE_BACKOFF: Final = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0)
+#: The most workers a generation may have (``--workers``, and scaling up); a handover runs two
+#: generations side by side for a moment.
+MAX_WORKERS: Final = 64
 
 
 class Step(enum.StrEnum):
@@ -334,6 +390,33 @@ class StopTimeout:
     timer: int
 
 
+@dataclass(frozen=True, slots=True)
+class LimitReached:
+    """Worker ``index`` passed one of its recycling limits (``--max-requests`` with its
+    jitter, ``--max-worker-memory``, ``--max-worker-lifetime``); ``why`` says which."""
+
+    generation: int
+    index: int
+    why: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerUnresponsive:
+    """Worker ``index``'s event loop did not answer the heartbeat within ``--worker-timeout``."""
+
+    generation: int
+    index: int
+    why: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """SIGTTIN (``by=1``), SIGTTOU (``by=-1``) or ``POST supervisor/v1/scale``."""
+
+    by: int
+    request: bool = False
+
+
 Event = (
     Reload
     | StopSignal
@@ -349,6 +432,9 @@ Event = (
     | StateHanded
     | QueueEmptied
     | StopTimeout
+    | LimitReached
+    | WorkerUnresponsive
+    | Scale
 )
 
 # Actions: what the I/O layer must do, in the order given.
@@ -356,9 +442,11 @@ Event = (
 
 @dataclass(frozen=True, slots=True)
 class StartGeneration:
-    """Read the revision (not for the first) and start every worker, each with a start timer."""
+    """Read the revision (not for the first) and start its ``workers`` workers, each with a
+    start timer."""
 
     generation: int
+    workers: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,10 +503,13 @@ class BeginDrain:
 
 @dataclass(frozen=True, slots=True)
 class HandState:
-    """Worker k of ``old`` hands its state to worker k of ``new``; report :class:`StateHanded`."""
+    """Each worker of ``old`` hands its state to its partner in ``new`` (``pairs``: the index in
+    ``old``, the index in ``new``; by default worker k to worker k); report
+    :class:`StateHanded`."""
 
     old: int
     new: int
+    pairs: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,14 +530,19 @@ class StopWorkers:
     short: bool = False
     #: This stop's timer: its timeout kills only the workers this stop still waits for.
     timer: int = 0
+    #: One worker leaves a generation that serves on (recycled, scaled down): it stops
+    #: accepting and asks its keep-alive clients to reconnect first, as a handover's generation
+    #: does, then drains (its siblings take the clients).
+    hand_over: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Kill:
-    """SIGKILL these workers."""
+    """SIGKILL these workers (``unresponsive``: they did not answer the heartbeat)."""
 
     generation: int
     indexes: tuple[int, ...]
+    unresponsive: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,9 +573,46 @@ class HandoverEnded:
 
 @dataclass(frozen=True, slots=True)
 class Refused:
-    """A reload that cannot begin now (logged; the request answers 409)."""
+    """A reload (or a scaling) that cannot begin now (logged; the request answers 409)."""
 
     why: str
+    what: Literal["reload", "scale"] = "reload"
+
+
+#: Why a worker is replaced while its generation serves on.
+ReplacementKind = Literal["recycle", "unresponsive", "scale-up"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplacementBegun:
+    """Worker ``new`` starts to take the place of worker ``old`` (None: a worker added)."""
+
+    generation: int
+    new: int
+    old: int | None
+    kind: ReplacementKind
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplacementEnded:
+    """The replacement begun for worker ``new`` ended: ``done`` (it accepts, and ``old`` was
+    told to hand over and drain, or was killed), or given up (``detail`` says why)."""
+
+    generation: int
+    new: int
+    old: int | None
+    kind: ReplacementKind
+    done: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Scaled:
+    """The generation's size is now ``workers`` (``by`` one more or one less)."""
+
+    workers: int
+    by: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -505,6 +638,9 @@ Action = (
     | HandoverBegun
     | HandoverEnded
     | Refused
+    | ReplacementBegun
+    | ReplacementEnded
+    | Scaled
     | Exit
 )
 
@@ -522,6 +658,11 @@ def state_refusal(
         return None
     if not token:
         return "the app has a state adapter and no handoff token is set (FORGEZERO_HANDOFF_TOKEN)"
+    if len(old) != len(new):
+        return (
+            f"{len(old)} workers hold state and the new generation has {len(new)}: the state is "
+            "handed worker by worker"
+        )
     for index, (before, after) in enumerate(zip(old, new, strict=True)):
         if before != after:
             return (
@@ -554,17 +695,60 @@ class _Generation:
     attempts: dict[int, int] = field(default_factory=dict)
     #: Each stopping worker's timer: the stop that set it (0: none).
     timers: list[int] = field(default_factory=list)
+    #: The places of workers that left for good (recycled, scaled down, unresponsive, or a
+    #: replacement that never served): not replaced when they exit; a new worker may take one.
+    retired: set[int] = field(default_factory=set)
 
     def live(self) -> tuple[int, ...]:
         return tuple(i for i, w in enumerate(self.workers) if w is not WorkerState.EXITED)
+
+    def members(self) -> tuple[int, ...]:
+        """The workers that make up its size (a lost one included until it is replaced)."""
+        return tuple(i for i in range(len(self.workers)) if i not in self.retired)
+
+    def place(self) -> int:
+        """A place for a new worker, starting: a retired one whose worker is gone, else a new one."""
+        free = [i for i in sorted(self.retired) if self.workers[i] is WorkerState.EXITED]
+        if free:
+            index = free[0]
+            self.retired.discard(index)
+            self.workers[index] = WorkerState.STARTING
+            self.kinds[index] = None
+            self.timers[index] = 0
+            self.attempts.pop(index, None)
+            return index
+        self.workers.append(WorkerState.STARTING)
+        self.kinds.append(None)
+        self.timers.append(0)
+        return len(self.workers) - 1
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class _Swap:
+    """The running replacement of one worker (one at a time)."""
+
+    generation: int
+    new: int
+    old: int | None
+    kind: ReplacementKind
+    why: str
 
 
 @final
 class SupervisorMachine:
     """The supervisor's states and the table of its decisions (see the module docstring)."""
 
-    def __init__(self, workers: int, *, state_token: bool = False) -> None:
+    def __init__(
+        self, workers: int, *, state_token: bool = False, max_workers: int = MAX_WORKERS
+    ) -> None:
         self._size = workers
+        self._max_workers = max_workers
+        #: The replacement running (a recycled, an unresponsive or an added worker), if any.
+        self._swap: _Swap | None = None
+        #: Workers due to be replaced, in the order they became due: (generation, index) →
+        #: (why they are replaced, the detail).
+        self._due: dict[tuple[int, int], tuple[ReplacementKind, str]] = {}
         self._state_token = state_token
         self.phase = Phase.STARTING
         self.step: Step | None = None
@@ -607,6 +791,16 @@ class SupervisorMachine:
         found = self._generations.get(number)
         return found is not None and found.accepted
 
+    @property
+    def size(self) -> int:
+        """The workers a generation is to have (``--workers``, changed by scaling)."""
+        return self._size
+
+    def retired(self, number: int) -> frozenset[int]:
+        """The places of the generation's workers that left for good."""
+        found = self._generations.get(number)
+        return frozenset() if found is None else frozenset(found.retired)
+
     def drain_outcome(self, number: int) -> bool | None:
         found = self._generations.get(number)
         return None if found is None else found.drained
@@ -626,7 +820,7 @@ class SupervisorMachine:
         """The first generation (call once, before any event)."""
         assert self._number == 0
         self.current = self._new_generation()
-        return [StartGeneration(self.current)]
+        return [StartGeneration(self.current, self._size)]
 
     def _new_generation(self) -> int:
         self._number += 1
@@ -646,7 +840,8 @@ class SupervisorMachine:
         if isinstance(rule, Impossible):
             raise ImpossibleEventError(f"{event} in phase {self.phase}: {rule.why}")
         actions = self._decide(event)
-        return actions + self._forget()
+        actions += self._forget()
+        return actions + self._reconcile()
 
     def _forget(self) -> list[Action]:
         """Forget each generation whose workers are all gone, unless it serves, takes part in
@@ -690,6 +885,12 @@ class SupervisorMachine:
                 return self._queue_empty()
             case StopTimeout(generation=number, timer=timer):
                 return self._stop_timeout(number, timer)
+            case LimitReached(generation=number, index=index, why=why):
+                return self._limit_reached(number, index, why)
+            case WorkerUnresponsive(generation=number, index=index, why=why):
+                return self._unresponsive(number, index, why)
+            case Scale(by=by):
+                return self._scale(by)
 
     def _reload(self) -> list[Action]:
         if self.phase is Phase.STARTING:
@@ -702,11 +903,14 @@ class SupervisorMachine:
         if self._generations[self.current].state is not GenerationState.SERVING:
             # An orchestrator's drain holds it: a new generation would lose that drain.
             return [Refused(f"a drain holds generation {self.current}: roll it back first")]
+        given_up = self._give_up("a handover replaces the generation", failed=False)
+        self._due.clear()  # the handover replaces every worker
         self.old, self.new = self.current, self._new_generation()
         self._handovers += 1
         self._handover = self._handovers
         self.phase, self.step = Phase.HANDING_OVER, Step.STARTING
-        return [HandoverBegun(self._handover, self.old, self.new), StartGeneration(self.new)]
+        began = HandoverBegun(self._handover, self.old, self.new)
+        return [*given_up, began, StartGeneration(self.new, self._size)]
 
     def _stop_signal(self) -> list[Action]:
         self.stops += 1
@@ -731,6 +935,8 @@ class SupervisorMachine:
             what = f"{unserved}the stop drains generation{plural} {', '.join(drained)}"
             actions.append(HandoverEnded(self._handover, False, what, by_stop=True))
             self._handover, self.old, self.new, self.step = None, None, None, None
+        actions += self._give_up("the supervisor stops", failed=False)
+        self._due.clear()
         self.phase = Phase.STOPPING
         for number, generation in sorted(self._generations.items()):
             if not generation.accepted:
@@ -776,11 +982,17 @@ class SupervisorMachine:
             if self.phase is Phase.HANDING_OVER and number == self.new:
                 return self._switch()
             return []
+        swap = self._swap
+        ours = swap is not None and (swap.generation, swap.new) == (number, index)
         if self._replaces(generation):
             generation.attempts.pop(index, None)
-            return self._accept(generation, (index,))
+            actions = self._accept(generation, (index,))
+            return actions + (self._swap_done() if ours else [])
         # A replacement whose generation stopped accepting meanwhile: it stops again.
-        return [self._stop(generation, (index,), short=True)]
+        actions = [self._stop(generation, (index,), short=True)]
+        if ours:
+            actions += self._give_up(f"generation {number} stopped accepting", failed=False)
+        return actions
 
     def _accept(self, generation: _Generation, indexes: tuple[int, ...]) -> list[Action]:
         """The workers accept; the whole of a starting generation serves (a replacement in a
@@ -798,7 +1010,8 @@ class SupervisorMachine:
         assert self.old is not None
         assert self.new is not None
         old, new = self._generations[self.old], self._generations[self.new]
-        refusal = state_refusal(old.kinds, new.kinds, token=self._state_token)
+        kinds = [old.kinds[index] for index in old.members()]
+        refusal = state_refusal(kinds, new.kinds, token=self._state_token)
         if refusal is not None:
             return self._abort(f"generation {new.number} cannot take the state: {refusal}")
         self.step = Step.PROVING
@@ -825,11 +1038,18 @@ class SupervisorMachine:
         was = generation.workers[index]
         generation.workers[index] = WorkerState.EXITED
         actions: list[Action] = []
+        swap = self._swap
         if was in (WorkerState.STARTING, WorkerState.READY) and (
             generation.state is GenerationState.STARTING
         ):
             why = why or f"worker {index} exited before it was ready"
             actions += self._start_failed(number, why)
+        elif swap is not None and (swap.generation, swap.new) == (number, index):
+            actions += self._give_up(why or f"worker {index} exited before it was ready")
+        elif index in generation.retired:
+            pass  # it left for good: recycled, scaled down, unresponsive
+        elif swap is not None and (swap.generation, swap.old) == (number, index):
+            generation.retired.add(index)  # the worker on its way takes its place
         elif self._replaces(generation):
             actions += self._schedule_replacement(generation, index)
         return actions + self._after_exit(generation)
@@ -906,20 +1126,34 @@ class SupervisorMachine:
         return [self._stop(generation, running, short=short)] if running else []
 
     def _stop(
-        self, generation: _Generation, indexes: tuple[int, ...], *, short: bool, force: bool = False
+        self,
+        generation: _Generation,
+        indexes: tuple[int, ...],
+        *,
+        short: bool,
+        force: bool = False,
+        hand_over: bool = False,
     ) -> StopWorkers:
         """These workers stop under a new timer of their own."""
         self._timers += 1
         for index in indexes:
             generation.workers[index] = WorkerState.STOPPING
             generation.timers[index] = self._timers
-        return StopWorkers(generation.number, indexes, force=force, short=short, timer=self._timers)
+        return StopWorkers(
+            generation.number,
+            indexes,
+            force=force,
+            short=short,
+            timer=self._timers,
+            hand_over=hand_over,
+        )
 
     def _replace_due(self, number: int, index: int, attempt: int) -> list[Action]:
         generation = self._generations.get(number)
         if (
             generation is None
             or not self._replaces(generation)
+            or index in generation.retired
             or generation.workers[index] is not WorkerState.EXITED
             or generation.attempts.get(index) != attempt + 1
         ):
@@ -1004,9 +1238,12 @@ class SupervisorMachine:
         assert self.old is not None
         assert self.new is not None
         old = self._generations[self.old]
-        if any(kind is not None for kind in old.kinds):
+        members = old.members()
+        if any(old.kinds[index] is not None for index in members):
             self.step = Step.HANDING_STATE
-            return [HandState(old.number, self.new)]
+            new = self._generations[self.new]
+            pairs = tuple(zip(members, range(len(new.workers)), strict=False))
+            return [HandState(old.number, self.new, pairs)]
         self.step = Step.STOPPING_OLD
         return self._stop_generation(old.number, short=False)
 
@@ -1047,6 +1284,174 @@ class SupervisorMachine:
             if w is WorkerState.STOPPING and generation.timers[i] == timer
         )
         return [Kill(number, stopping)] if stopping else []
+
+    # Replacing one worker while its generation serves on: recycling, the watchdog, scaling.
+
+    def _limit_reached(self, number: int, index: int, why: str) -> list[Action]:
+        """Due to be recycled: now, after the replacement running, or once the handover is done
+        (:meth:`_reconcile` begins it)."""
+        generation = self._generations.get(number)
+        if (
+            generation is None
+            or number != self.current
+            or not self._accepts(generation, index)
+            or self._replacing(number, index)
+        ):
+            return []
+        self._due.setdefault((number, index), ("recycle", why))
+        return []
+
+    def _unresponsive(self, number: int, index: int, why: str) -> list[Action]:
+        """A worker of the serving generation that accepts is replaced first, then killed; any
+        other (retiring, starting, or in a handover or a stop) is killed now."""
+        generation = self._generations.get(number)
+        if generation is None or generation.workers[index] is WorkerState.EXITED:
+            return []
+        if (
+            self.phase is Phase.SERVING
+            and number == self.current
+            and self._accepts(generation, index)
+        ):
+            swap = self._swap
+            if swap is not None and self._replacing(number, index):
+                self._swap = _Swap(number, swap.new, index, "unresponsive", why)
+            else:
+                self._due[(number, index)] = ("unresponsive", why)
+            return []
+        return [Kill(number, (index,), unresponsive=True)]
+
+    def _scale(self, by: int) -> list[Action]:
+        if self.phase is Phase.STARTING:
+            return [Refused("the first generation is still starting", "scale")]
+        if self.phase is Phase.STOPPING:
+            return [Refused("the supervisor is stopping", "scale")]
+        if self.phase is Phase.HANDING_OVER:
+            return [Refused("a handover is running: scale once it is done", "scale")]
+        assert self.current is not None
+        if self._generations[self.current].state is not GenerationState.SERVING:
+            return [
+                Refused(f"a drain holds generation {self.current}: roll it back first", "scale")
+            ]
+        size = self._size + by
+        if not 1 <= size <= self._max_workers:
+            return [
+                Refused(
+                    f"a generation has 1 to {self._max_workers} workers; it has {self._size}",
+                    "scale",
+                )
+            ]
+        self._size = size
+        return [Scaled(size, by)]
+
+    def _accepts(self, generation: _Generation, index: int) -> bool:
+        return index not in generation.retired and generation.workers[index] is (
+            WorkerState.ACCEPTING
+        )
+
+    def _replacing(self, number: int, index: int) -> bool:
+        swap = self._swap
+        return swap is not None and (swap.generation, swap.old) == (number, index)
+
+    def _reconcile(self) -> list[Action]:
+        """While the generation serves (no handover, stop or orchestrator's drain) and no
+        replacement runs: remove the workers over its size, then begin the next replacement
+        (an unresponsive worker's first, then a worker added, then a recycled one)."""
+        if self.phase is not Phase.SERVING or self._swap is not None or self.current is None:
+            return []
+        generation = self._generations.get(self.current)
+        if generation is None or generation.state is not GenerationState.SERVING:
+            return []
+        for number, index in list(self._due):
+            if number != generation.number or not self._accepts(generation, index):
+                del self._due[(number, index)]
+        actions: list[Action] = []
+        while len(generation.members()) > self._size:
+            retired = self._retire_one(generation)
+            if retired is None:
+                break  # once another worker accepts
+            actions += retired
+        hung = [index for (_, index), (kind, _) in self._due.items() if kind == "unresponsive"]
+        if hung:
+            return actions + self._begin_swap(generation, hung[0])
+        if len(generation.members()) < self._size:
+            return actions + self._begin_swap(generation, None)
+        if self._due:
+            (_, index), _ = next(iter(self._due.items()))
+            return actions + self._begin_swap(generation, index)
+        return actions
+
+    def _retire_one(self, generation: _Generation) -> list[Action] | None:
+        """One worker fewer: a lost one not replaced yet, else the last that accepts (it hands
+        its clients over and drains); None while no other worker accepts."""
+        members = generation.members()
+        lost = [i for i in members if generation.workers[i] is WorkerState.EXITED]
+        if lost:
+            generation.retired.add(lost[-1])
+            return []
+        accepting = [i for i in members if generation.workers[i] is WorkerState.ACCEPTING]
+        if len(accepting) < 2:
+            return None
+        victim = accepting[-1]
+        generation.retired.add(victim)
+        self._due.pop((generation.number, victim), None)
+        return [self._stop(generation, (victim,), short=False, hand_over=True)]
+
+    def _begin_swap(self, generation: _Generation, old: int | None) -> list[Action]:
+        if old is None:
+            kind: ReplacementKind = "scale-up"
+            why = f"scaled to {self._size} workers"
+        else:
+            kind, why = self._due.pop((generation.number, old))
+        new = generation.place()
+        self._swap = _Swap(generation.number, new, old, kind, why)
+        return [
+            ReplacementBegun(generation.number, new, old, kind, why),
+            StartWorker(generation.number, new),
+        ]
+
+    def _swap_done(self) -> list[Action]:
+        """The new worker accepts: the one it replaces hands over and drains (killed, when it
+        is unresponsive)."""
+        swap = self._swap
+        assert swap is not None
+        self._swap = None
+        generation = self._generations[swap.generation]
+        actions: list[Action] = []
+        old = swap.old
+        if old is not None and generation.workers[old] is not WorkerState.EXITED:
+            generation.retired.add(old)
+            if swap.kind == "unresponsive":
+                actions.append(Kill(generation.number, (old,), unresponsive=True))
+            elif generation.workers[old] is not WorkerState.STOPPING:
+                actions.append(self._stop(generation, (old,), short=False, hand_over=True))
+        ended = ReplacementEnded(generation.number, swap.new, old, swap.kind, done=True)
+        return [*actions, ended]
+
+    def _give_up(self, detail: str, *, failed: bool = True) -> list[Action]:
+        """The running replacement ends without its new worker (``failed``: it did not start;
+        an added worker is then no longer wanted). An unresponsive worker is killed now: it is
+        replaced as any lost worker is."""
+        swap = self._swap
+        if swap is None:
+            return []
+        self._swap = None
+        generation = self._generations.get(swap.generation)
+        actions: list[Action] = []
+        if generation is not None:
+            generation.retired.add(swap.new)
+            if generation.workers[swap.new] in (WorkerState.STARTING, WorkerState.READY):
+                actions.append(self._stop(generation, (swap.new,), short=True))
+            old = swap.old
+            if (
+                swap.kind == "unresponsive"
+                and old is not None
+                and generation.workers[old] is not WorkerState.EXITED
+            ):
+                actions.append(Kill(generation.number, (old,), unresponsive=True))
+        if failed and swap.kind == "scale-up":
+            self._size = max(1, self._size - 1)
+        ended = ReplacementEnded(swap.generation, swap.new, swap.old, swap.kind, False, detail)
+        return [*actions, ended]
 
     def _maybe_exit(self) -> list[Action]:
         if self.phase is not Phase.STOPPING or not self._queue_emptied:

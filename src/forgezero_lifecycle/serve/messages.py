@@ -3,6 +3,7 @@
 Worker → supervisor::
 
     {"event": "state", "state": ..., ...}              StateReport (a one-way notice)
+    {"event": "limit", "why": str}                     LimitReport: past a recycling limit
     {"id": 7, "op": "control", "call": str, "args": {}}  ControlCall, answered with
                                                         {"status": int, "headers": [[n, v]], "body": ...}
 
@@ -21,6 +22,7 @@ __all__ = [
     "COMMANDS",
     "COUNTER_KINDS",
     "ControlCall",
+    "LimitReport",
     "StateReport",
     "WorkerReport",
     "decode_worker_message",
@@ -39,6 +41,11 @@ COMMANDS: Final = {
     "accept": (),
     "stop_accepting": (),
     "stop": ("force",),
+    # Leave a generation that serves on (recycled, scaled down): stop accepting, let the
+    # keep-alive clients move to the siblings for ``grace`` seconds, then drain and stop.
+    "retire": ("grace",),
+    # The heartbeat (``--worker-timeout``): answered by the worker's event loop.
+    "ping": (),
 }
 
 
@@ -84,7 +91,18 @@ class ControlCall:
         return {"op": "control", "call": self.call, "args": self.args}
 
 
-WorkerReport = StateReport | ControlCall
+@final
+@dataclass(frozen=True, slots=True)
+class LimitReport:
+    """The worker passed one of its recycling limits (sent again while it still accepts)."""
+
+    why: str
+
+    def wire(self) -> dict[str, Any]:
+        return {"event": "limit", "why": self.why}
+
+
+WorkerReport = StateReport | ControlCall | LimitReport
 
 
 def _optional(message: dict[str, Any], key: str, kind: type) -> Any:
@@ -114,6 +132,11 @@ def decode_worker_message(message: dict[str, Any]) -> WorkerReport | str:
                 state_kind=_optional(message, "stateKind", dict),
                 revision=_optional(message, "revision", str),
             )
+        if message.get("event") == "limit":
+            why = message.get("why")
+            if not isinstance(why, str):
+                return "a limit report without why (a string)"
+            return LimitReport(why)
         if message.get("op") == "control":
             call, args = message.get("call"), message.get("args")
             if not isinstance(call, str) or not isinstance(args, dict):

@@ -16,6 +16,7 @@ from .._errors import ConfigurationError
 from .._tokens import read_token
 from ..wire import _protocol
 from ..wire._types import is_revision
+from .machine import MAX_WORKERS
 from .uvicorn_options import (
     UvicornOptions,
     add_uvicorn_arguments,
@@ -74,11 +75,37 @@ class ServeOptions:
     log_label: str = ""
     #: uvicorn's own flags (:mod:`.uvicorn_options`).
     uvicorn: UvicornOptions = dataclasses.field(default_factory=UvicornOptions)
+    # Worker recycling and health (``serve --workers``; None: off).
+    #: Recycle a worker after this many requests (plus 0 to ``max_requests_jitter`` more).
+    max_requests: int | None = None
+    max_requests_jitter: int = 0
+    #: Recycle a worker whose resident memory passes this many MiB.
+    max_worker_memory: int | None = None
+    #: Recycle a worker this many seconds after it began to accept.
+    max_worker_lifetime: float | None = None
+    #: Replace, then kill, a worker whose event loop does not answer the heartbeat this long.
+    worker_timeout: float | None = None
 
     def __post_init__(self) -> None:
         problem = deadline_problem(self.drain_timeout)
         if problem is not None:
             raise ConfigurationError(detail=f"drain_timeout={self.drain_timeout:g} s is {problem}")
+        if self.workers is None and self.recycling_flags():
+            flags = ", ".join(self.recycling_flags())
+            raise ConfigurationError(
+                detail=f"{flags} need --workers N: a supervisor replaces the worker"
+            )
+
+    def recycling_flags(self) -> list[str]:
+        """The recycling and watchdog flags given (each needs a supervisor)."""
+        given = {
+            "--max-requests": self.max_requests,
+            "--max-requests-jitter": self.max_requests_jitter or None,
+            "--max-worker-memory": self.max_worker_memory,
+            "--max-worker-lifetime": self.max_worker_lifetime,
+            "--worker-timeout": self.worker_timeout,
+        }
+        return [flag for flag, value in given.items() if value is not None]
 
 
 def parse_duration(text: str) -> float:
@@ -131,6 +158,7 @@ environment:
 signals (with --workers; FORGEZERO_REVISION and the graces are then set per generation):
   SIGTERM, SIGINT  drain every worker as one generation, then exit; a second one forces the stop
   SIGHUP           start a new generation on the same socket, then drain and stop the old one
+  SIGTTIN, SIGTTOU add one worker / remove one (it hands its clients over and drains; never < 1)
 """
 
 
@@ -280,6 +308,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{_seconds(default['handover_grace'])})",
     )
     add_uvicorn_arguments(parser)
+    _add_recycling_arguments(parser)
 
 
 class _Address(argparse.Action):
@@ -295,6 +324,78 @@ class _Address(argparse.Action):
     ) -> None:
         setattr(namespace, self.dest, values)
         namespace.address_given = True
+
+
+def _add_recycling_arguments(parser: argparse.ArgumentParser) -> None:
+    """Worker recycling and health (with ``--workers``): a worker past a limit, or whose event
+    loop stops answering, is replaced as a handover replaces a generation (the new worker
+    accepts first)."""
+    group = parser.add_argument_group(
+        "worker recycling and health",
+        "with --workers: a worker past a limit is replaced one at a time; its replacement "
+        "accepts before it stops accepting, hands its keep-alive clients over and drains",
+    )
+    add = group.add_argument
+    add(
+        "--max-requests",
+        type=_count("--max-requests"),
+        metavar="N",
+        help="recycle a worker after N requests (default: never; gunicorn's --max-requests, "
+        "uvicorn's --limit-max-requests)",
+    )
+    add(
+        "--max-requests-jitter",
+        type=_count("--max-requests-jitter", least=0),
+        default=0,
+        metavar="N",
+        help="each worker's limit is --max-requests plus 0 to N more, so workers do not all "
+        "recycle at once (default 0)",
+    )
+    add(
+        "--max-worker-memory",
+        type=_count("--max-worker-memory"),
+        metavar="MIB",
+        help="recycle a worker whose resident memory (RSS) passes MIB mebibytes (default: never)",
+    )
+    add(
+        "--max-worker-lifetime",
+        type=_positive_duration("--max-worker-lifetime"),
+        metavar="DURATION",
+        help="recycle a worker this long after it began to accept, e.g. 1h (default: never)",
+    )
+    add(
+        "--worker-timeout",
+        type=_positive_duration("--worker-timeout"),
+        metavar="DURATION",
+        help="a worker whose event loop does not answer the supervisor's heartbeat this long is "
+        "replaced (its replacement ready first), then killed (default: off; gunicorn's "
+        "--timeout is 30s)",
+    )
+
+
+def _count(flag: str, *, least: int = 1) -> Any:
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < least:
+            raise argparse.ArgumentTypeError(
+                f"{flag} takes a whole number >= {least}, not {text!r}"
+            )
+        return int(text)
+
+    return parse
+
+
+def _positive_duration(flag: str) -> Any:
+    def parse(text: str) -> float:
+        seconds = parse_duration(text)
+        if seconds < _SHORTEST_LIMIT:
+            raise argparse.ArgumentTypeError(f"{flag} takes 100ms or more, not {text!r}")
+        return seconds
+
+    return parse
+
+
+#: The shortest lifetime or heartbeat timeout a flag takes.
+_SHORTEST_LIMIT: Final = 0.1
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
@@ -330,6 +431,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         start_timeout=args.start_timeout,
         handover_grace=args.handover_grace,
         uvicorn=uvicorn,
+        **_recycling_options(args),
     )
 
 
@@ -341,6 +443,16 @@ def options_from_wire(fields: dict[str, Any]) -> ServeOptions:
     if isinstance(given.get("uvicorn"), dict):
         given["uvicorn"] = UvicornOptions.from_wire(given["uvicorn"])
     return ServeOptions(**given)
+
+
+def _recycling_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "max_requests": args.max_requests,
+        "max_requests_jitter": args.max_requests_jitter,
+        "max_worker_memory": args.max_worker_memory,
+        "max_worker_lifetime": args.max_worker_lifetime,
+        "worker_timeout": args.worker_timeout,
+    }
 
 
 def _revision_from_env() -> str | None:
@@ -381,10 +493,6 @@ def read_revision(options: ServeOptions) -> str | None:
     if not is_revision(text):
         raise ConfigurationError(detail=f"{source} gave {text[:60]!r}, not 40 lowercase hex digits")
     return text
-
-
-#: Workers of one generation; a handover runs two generations side by side for a moment.
-MAX_WORKERS: Final = 64
 
 
 def _workers(text: str) -> int:

@@ -35,8 +35,14 @@ __all__ = ["hand_state_over"]
 logger = logging.getLogger("forgezero_lifecycle.serve.supervisor")
 
 
-async def hand_state_over(old: Generation, new: Generation, options: ServeOptions) -> None:
-    """Worker k of ``old`` hands its state to worker k of ``new`` (the state export)."""
+async def hand_state_over(
+    old: Generation,
+    new: Generation,
+    options: ServeOptions,
+    pairs: tuple[tuple[int, int], ...] = (),
+) -> None:
+    """Each worker of ``old`` hands its state to its partner in ``new`` (``pairs`` of places, as
+    the supervisor's machine decided; by default worker k to worker k)."""
     source = old.revision or UNKNOWN_REVISION
     target = new.revision or UNKNOWN_REVISION
     timeout_ms = deadline_ms(options.drain_timeout)
@@ -70,4 +76,6 @@ async def hand_state_over(old: Generation, new: Generation, options: ServeOption
                 status.get("failure") or answer.get("error"),
             )
 
-    await asyncio.gather(*(one(b, a) for b, a in zip(old.workers, new.workers, strict=True)))
+    if not pairs:
+        pairs = tuple((index, index) for index in range(len(old.workers)))
+    await asyncio.gather(*(one(old.workers[b], new.workers[a]) for b, a in pairs))

@@ -54,6 +54,18 @@ and stops, so nothing is left running even after SIGKILL of the supervisor.
 State (when the app has a state adapter): worker k of g hands its state to worker k of g+1 once
 g is drained (:mod:`.state_transfer`); a handover whose state cannot be handed over is refused
 before g is touched.
+
+* **One worker at a time** (recycling, the watchdog, scaling), as a handover of one worker: a
+  worker past ``--max-requests`` (with its jitter), ``--max-worker-memory`` or
+  ``--max-worker-lifetime`` reports it (:mod:`.recycling`); a worker whose event loop does not
+  answer the heartbeat (``--worker-timeout``) is noticed here; SIGTTIN, SIGTTOU and
+  ``POST supervisor/v1/scale`` change the generation's size. The replacement starts, is ready
+  and accepts; only then does the worker it replaces stop accepting, ask its keep-alive clients
+  to reconnect (``--handover-grace``) and drain under its own bound, or, unresponsive, get
+  killed (what it held is logged). A removed worker hands over and drains the same way. Not
+  during a handover or a stop. Each is logged (``supervisor.worker_replacing``,
+  ``supervisor.worker_replaced``), counted in the metrics scrape
+  (``forgezero_supervisor_worker_replacements_total``) and in ``supervisor/v1/status``.
 """
 
 from __future__ import annotations
@@ -64,6 +76,7 @@ import dataclasses
 import logging
 import signal
 import time
+from collections import Counter, deque
 from collections.abc import Coroutine, Sequence
 from typing import Any, Final, Literal, final
 
@@ -92,6 +105,12 @@ _QUEUE_LOOK: Final = 0.01
 UNREADY_STOP_BOUND: Final = 3.0
 #: A forced stop (the second signal): this long, then SIGKILL.
 FORCED_STOP_BOUND: Final = 2.0
+#: The longest pause between two heartbeats of a worker (``--worker-timeout``; half of it when
+#: that is shorter).
+HEARTBEAT_INTERVAL: Final = 1.0
+#: Unresponsive workers kept for ``supervisor/v1/status``.
+RECENT_UNRESPONSIVE: Final = 16
+_SCALE_SIGNALS: Final = {signal.SIGTTIN: 1, signal.SIGTTOU: -1}
 
 
 class SupervisorFailedError(RuntimeError):
@@ -157,6 +176,12 @@ class Supervisor:
         self._began_handover = 0.0
         #: What ended the supervisor: an impossible event, a failed action or channel handler.
         self._failure: Exception | None = None
+        #: Worker replacements done (by kind), given up, the one running, unresponsive workers.
+        self._replaced: Counter[str] = Counter()
+        self._given_up = 0
+        self._replacing: str | None = None
+        self._unresponsive: deque[dict[str, Any]] = deque(maxlen=RECENT_UNRESPONSIVE)
+        self._unresponsive_count = 0
 
     @property
     def current(self) -> Generation | None:
@@ -209,10 +234,12 @@ class Supervisor:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, *_SCALE_SIGNALS)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_stop_signal, signum)
         loop.add_signal_handler(signal.SIGHUP, self._on_reload_signal)
+        for signum, by in _SCALE_SIGNALS.items():
+            loop.add_signal_handler(signum, self._on_scale_signal, signum, by)
         self._batches.put_nowait((0, self.machine.start()))
         try:
             async with asyncio.TaskGroup() as self._group:
@@ -278,8 +305,8 @@ class Supervisor:
         """``action`` was decided before the stop: a worker it would start never starts."""
         logger.info("supervisor.action_dropped %s: decided before the stop", action)
         match action:
-            case m.StartGeneration(generation=number):
-                for worker in self._new_generation(number, None).prepare():
+            case m.StartGeneration(generation=number, workers=workers):
+                for worker in self._new_generation(number, None).prepare(workers):
                     worker.never_started()
             case m.StartWorker(generation=number, index=index):
                 self._generations[number].forgo_worker(index).never_started()
@@ -317,6 +344,109 @@ class Supervisor:
                 why = action.why
         return why
 
+    def _on_scale_signal(self, signum: int, by: int) -> None:
+        logger.info("supervisor.signal signal=%s: scale by %+d", signal.Signals(signum).name, by)
+        self.scale(by)
+
+    def scale(self, by: int) -> int | str:
+        """Add (``by=1``) or remove (``-1``) one worker of the generation that serves; the size
+        from now on (for ``supervisor/v1/scale``), or why it is refused."""
+        why = "the supervisor failed"
+        for action in self._on(m.Scale(by)):
+            if isinstance(action, m.Scaled):
+                return action.workers
+            if isinstance(action, m.Refused):
+                why = action.why
+        return why
+
+    def _limit_reached(self, worker: WorkerHandle, why: str) -> None:
+        logger.info("supervisor.worker_limit %s: %s", worker.name, why)
+        self._on(m.LimitReached(worker.generation, worker.index, why))
+
+    async def _heartbeat(self, worker: WorkerHandle) -> None:
+        """Ask the worker's event loop every so often; one that does not answer within
+        ``--worker-timeout`` is reported unresponsive (once), with what it held."""
+        timeout = self._options.worker_timeout
+        assert timeout is not None
+        while True:
+            await asyncio.sleep(min(timeout / 2, HEARTBEAT_INTERVAL))
+            answered = await worker.ping(timeout)
+            if answered is None:
+                return  # gone
+            if answered:
+                continue
+            why = f"its event loop did not answer within {timeout:g} s"
+            held = " ".join(f"{kind}={count}" for kind, count in sorted(worker.in_flight.items()))
+            logger.error(
+                "supervisor.worker_unresponsive %s: %s; it held %s", worker.name, why, held
+            )
+            self._unresponsive_count += 1
+            self._unresponsive.append(
+                {
+                    "generation": worker.generation,
+                    "worker": worker.index,
+                    "pid": worker.pid,
+                    "inFlight": dict(worker.in_flight),
+                    "detail": why,
+                }
+            )
+            self._on(m.WorkerUnresponsive(worker.generation, worker.index, why))
+            return
+
+    def status(self) -> dict[str, Any]:
+        """``supervisor/v1/status``: a :class:`~forgezero_lifecycle.wire.supervisor.SupervisorStatus`."""
+        from ..wire.supervisor import SupervisorStatus
+
+        workers = []
+        for number in self.machine.generations():
+            generation = self._generations.get(number)
+            if generation is None:
+                continue
+            states = self.machine.worker_states(number)
+            retired = self.machine.retired(number)
+            for index, state in enumerate(states):
+                if state is m.WorkerState.EXITED or index >= len(generation.workers):
+                    continue
+                workers.append(
+                    {
+                        "generation": number,
+                        "worker": index,
+                        "pid": generation.workers[index].pid,
+                        "state": state.value,
+                        "retired": index in retired,
+                    }
+                )
+        return SupervisorStatus(
+            phase=self.machine.phase.value,
+            generation=self.machine.current,
+            size=self.machine.size,
+            workers=workers,
+            replaced=dict(self._replaced),
+            given_up=self._given_up,
+            replacing=self._replacing,
+            unresponsive=list(self._unresponsive),
+        ).model_dump(mode="json", by_alias=True)
+
+    def exposition(self) -> str:
+        """The supervisor's own counters, in the Prometheus text format."""
+        name = "forgezero_supervisor_worker_replacements_total"
+        lines = [
+            f"# HELP {name} Workers replaced while their generation served on, by kind.",
+            f"# TYPE {name} counter",
+            *(
+                f'{name}{{kind="{kind}"}} {self._replaced[kind]}'
+                for kind in ("recycle", "unresponsive", "scale-up")
+            ),
+            "# HELP forgezero_supervisor_unresponsive_workers_total Workers whose event loop "
+            "did not answer the heartbeat.",
+            "# TYPE forgezero_supervisor_unresponsive_workers_total counter",
+            f"forgezero_supervisor_unresponsive_workers_total {self._unresponsive_count}",
+            "# HELP forgezero_supervisor_workers The workers a generation is to have.",
+            "# TYPE forgezero_supervisor_workers gauge",
+            f"forgezero_supervisor_workers {self.machine.size}",
+        ]
+        return "\n".join(lines) + "\n"
+
     def _worker_ready(self, worker: WorkerHandle) -> None:
         logger.info("supervisor.worker_ready %s", worker.name)
         self._on(m.WorkerReady(worker.generation, worker.index, worker.state_kind))
@@ -324,6 +454,7 @@ class Supervisor:
     def _worker_exited(self, worker: WorkerHandle) -> None:
         states = self.machine.worker_states(worker.generation)
         stopping = worker.index < len(states) and states[worker.index] is m.WorkerState.STOPPING
+        stopping = stopping or worker.index in self.machine.retired(worker.generation)
         why = ""
         if stopping:
             logger.info("supervisor.worker_exited %s reason=%s", worker.name, worker.exit_reason)
@@ -354,8 +485,8 @@ class Supervisor:
     async def _act(self, action: m.Action) -> None:
         self.handovers.step(action)  # an event of the running handover's span, if any
         match action:
-            case m.StartGeneration(generation=number):
-                self._start_generation(number)
+            case m.StartGeneration(generation=number, workers=workers):
+                self._start_generation(number, workers)
             case m.StartWorker(generation=number, index=index):
                 await self._start_worker(self._generations[number], index)
             case m.ScheduleReplacement(generation=number, index=index, attempt=a, delay=delay):
@@ -372,17 +503,25 @@ class Supervisor:
                 generation = self._generations[number]
                 revision = None if target is None else self._generations[target].revision
                 generation.begin_drain(self._options.drain_timeout, target=revision)
-            case m.HandState(old=old, new=new):
-                self._spawn(self._hand_state(self._generations[old], self._generations[new]))
+            case m.HandState(old=old, new=new, pairs=pairs):
+                self._spawn(self._hand_state(self._generations[old], self._generations[new], pairs))
             case m.EmptyQueue():
                 self._spawn(self._empty_the_queue())
             case m.StopWorkers(
-                generation=number, indexes=indexes, force=force, short=short, timer=timer
+                generation=number,
+                indexes=indexes,
+                force=force,
+                short=short,
+                timer=timer,
+                hand_over=hand_over,
             ):
                 generation = self._generations[number]
-                self._stop_workers(generation, indexes, force=force, short=short, timer=timer)
-            case m.Kill(generation=number, indexes=indexes):
-                self._kill(self._generations[number], indexes)
+                if hand_over:
+                    self._hand_over(generation, indexes, timer)
+                else:
+                    self._stop_workers(generation, indexes, force=force, short=short, timer=timer)
+            case m.Kill(generation=number, indexes=indexes, unresponsive=unresponsive):
+                self._kill(self._generations[number], indexes, unresponsive=unresponsive)
             case m.Forget(generation=number):
                 forgotten = self._generations.pop(number, None)
                 if forgotten is not None:
@@ -400,8 +539,16 @@ class Supervisor:
                 self._end_handover(
                     handover, done=done, detail=detail, old_drain=old_drain, by_stop=by_stop
                 )
-            case m.Refused(why=why):
-                logger.warning("supervisor.reload_refused: %s", why)
+            case m.Refused(why=why, what=what):
+                logger.warning("supervisor.%s_refused: %s", what, why)
+            case m.ReplacementBegun(generation=number, new=new, old=old, kind=kind, why=why):
+                self._replacing_began(number, new, old, kind, why)
+            case m.ReplacementEnded(
+                generation=number, new=new, old=old, kind=kind, done=done, detail=detail
+            ):
+                self._replacing_ended(number, new, old, kind, done, detail)
+            case m.Scaled(workers=workers, by=by):
+                logger.info("supervisor.scaled workers=%d by=%+d", workers, by)
             case m.Exit(code=code, outcome=outcome):
                 logger.info("supervisor.stopped drain=%s exit=%d", outcome, code)
                 self._exit = code
@@ -411,23 +558,24 @@ class Supervisor:
         await asyncio.sleep(delay)
         self._on(event)
 
-    def _start_generation(self, number: int) -> None:
+    def _start_generation(self, number: int, workers: int) -> None:
         revision = self._first_revision
         if number > 1:
             try:
                 revision = read_revision(self._options)
             except ConfigurationError as error:
-                self._new_generation(number, None).prepare()
+                self._new_generation(number, None).prepare(workers)
                 self._on(m.StartFailed(number, f"the revision could not be read: {error.detail}"))
                 return
         generation = self._new_generation(number, revision)
-        generation.prepare()
+        generation.prepare(workers)
         logger.info("supervisor.generation_starting generation=%d revision=%s", number, revision)
         for index in range(len(generation.workers)):
             self._spawn(self._start_worker(generation, index))
 
     def _new_generation(self, number: int, revision: str | None) -> Generation:
-        options = dataclasses.replace(self._options, revision=revision)
+        # As many workers as the generation has now (scaling changes it between generations).
+        options = dataclasses.replace(self._options, revision=revision, workers=self.machine.size)
         generation = Generation(
             number,
             app=self._app,
@@ -437,10 +585,14 @@ class Supervisor:
             on_exit=self._worker_exited,
             on_drain=self._drain_changed,
             on_failure=self._handler_failed,
+            on_limit=self._limit_reached,
         )
         forwarded = ForwardedControl(
             generation,
             on_reload=self.reload,
+            on_scale=self.scale,
+            status=self.status,
+            exposition=self.exposition,
             handovers=self.handovers,
             serving=lambda: self.current,
             known=lambda: tuple(self._generations.values()),
@@ -451,6 +603,7 @@ class Supervisor:
         return generation
 
     async def _start_worker(self, generation: Generation, index: int) -> None:
+        generation.place(index)
         if generation.workers[index].exited.is_set() and generation.workers[index].pid is None:
             return  # stopped before it was spawned (the stop came first): it never starts
         try:
@@ -492,6 +645,9 @@ class Supervisor:
         if not whole:  # a replacement: into the generation's drain first, if one holds it
             await asyncio.gather(*(generation.join_drain(worker) for worker in workers))
         await asyncio.gather(*(worker.command("accept") for worker in workers))
+        if self._options.worker_timeout is not None:
+            for worker in workers:
+                self._spawn(self._heartbeat(worker))
         if not whole:
             for worker in workers:
                 logger.info("supervisor.worker_replaced %s", worker.name)
@@ -512,9 +668,11 @@ class Supervisor:
                 generation.pids,
             )
 
-    async def _hand_state(self, old: Generation, new: Generation) -> None:
+    async def _hand_state(
+        self, old: Generation, new: Generation, pairs: tuple[tuple[int, int], ...]
+    ) -> None:
         try:
-            await hand_state_over(old, new, self._options)
+            await hand_state_over(old, new, self._options, pairs)
         finally:
             self._on(m.StateHanded(new.number))
 
@@ -555,12 +713,83 @@ class Supervisor:
         bound = FORCED_STOP_BOUND if force else UNREADY_STOP_BOUND if short else self._stop_bound
         self._spawn(self._later(bound, m.StopTimeout(generation.number, timer)))
 
-    def _kill(self, generation: Generation, indexes: tuple[int, ...]) -> None:
+    def _kill(
+        self, generation: Generation, indexes: tuple[int, ...], *, unresponsive: bool = False
+    ) -> None:
+        why = "unresponsive" if unresponsive else "not stopped in time"
         for index in indexes:
             worker = generation.workers[index]
+            worker.retiring = worker.retiring or unresponsive
             if not worker.exited.is_set():
-                logger.error("supervisor.worker_killed %s: not stopped in time", worker.name)
+                logger.error("supervisor.worker_killed %s: %s", worker.name, why)
                 worker.signal(signal.SIGKILL)
+
+    def _hand_over(self, generation: Generation, indexes: tuple[int, ...], timer: int) -> None:
+        """These workers leave a generation that serves on: each stops accepting, asks its
+        keep-alive clients to reconnect (to its siblings) for the handover grace and until its
+        HTTP connections are closed, then drains (``retire``); killed if still running after
+        that bound."""
+        for index in indexes:
+            worker = generation.workers[index]
+            worker.retiring = True
+            logger.info("supervisor.worker_retiring %s: it hands its clients over", worker.name)
+            self._spawn(self._retire(worker))
+        # The grace, the wait for its connections to close (bounded by the drain's deadline),
+        # then its drain and stop.
+        bound = self._options.handover_grace + self._options.drain_timeout + self._stop_bound
+        self._spawn(self._later(bound, m.StopTimeout(generation.number, timer)))
+
+    async def _retire(self, worker: WorkerHandle) -> None:
+        await worker.command("retire", grace=self._options.handover_grace)
+
+    def _replacing_began(self, number: int, new: int, old: int | None, kind: str, why: str) -> None:
+        generation = self._generations[number]
+        if old is None:
+            self._replacing = f"worker {new} of generation {number} is added ({why})"
+            logger.info("supervisor.worker_adding generation=%d worker=%d: %s", number, new, why)
+        else:
+            replaced = generation.workers[old]
+            self._replacing = f"{replaced.name} is replaced by worker {new} ({kind}: {why})"
+            logger.info(
+                "supervisor.worker_replacing %s by worker %d kind=%s: %s",
+                replaced.name,
+                new,
+                kind,
+                why,
+            )
+
+    def _replacing_ended(
+        self, number: int, new: int, old: int | None, kind: str, done: bool, detail: str
+    ) -> None:
+        self._replacing = None
+        generation = self._generations.get(number)
+        workers = [] if generation is None else generation.workers
+
+        def pid(index: int | None) -> int | None:
+            return workers[index].pid if index is not None and index < len(workers) else None
+
+        if done:
+            self._replaced[kind] += 1
+            logger.info(
+                "supervisor.replacement_done generation=%d kind=%s old=%s (pid %s) new=%d (pid %s)",
+                number,
+                kind,
+                old,
+                pid(old),
+                new,
+                pid(new),
+            )
+        else:
+            self._given_up += 1
+            logger.warning(
+                "supervisor.replacement_given_up generation=%d kind=%s old=%s (pid %s) new=%d: %s",
+                number,
+                kind,
+                old,
+                pid(old),
+                new,
+                detail,
+            )
 
     def _end_handover(
         self, number: int, *, done: bool, detail: str | None, old_drain: str, by_stop: bool

@@ -95,11 +95,17 @@ EVENTS: Final[Mapping[str, str]] = {
     "StateHanded": "state handed",
     "QueueEmptied": "queue emptied",
     "StopTimeout": "stop timeout",
+    "LimitReached": "limit reached (recycling)",
+    "WorkerUnresponsive": "worker unresponsive (heartbeat)",
+    "Scale": "scale (SIGTTIN, SIGTTOU or request)",
 }
 
 _S, _V, _H, _T, _X = Phase  # the columns: starting, serving, handing over, stopping, stopped
 _EXITED: Final = Stale("the supervisor has exited: a late report of one of its tasks")
 _ONLY_IN_STOP: Final = Impossible("the accept queue is emptied only by a stop")
+_NOT_ACCEPTING: Final = (
+    "{what} only once it accepts, and none accepts before the first generation serves"
+)
 _UNACCEPTED: Final = (
     "the first generation has not accepted: it holds no admitted work, and a drain begun "
     "through a worker's private port changes only what the workers answer"
@@ -109,8 +115,9 @@ _UNACCEPTED: Final = (
 TABLE: Final[Mapping[tuple[Phase, str], Rule]] = {
     (_S, "Reload"): Transition("refused: the first generation is still starting"),
     (_V, "Reload"): Transition(
-        "refused while an orchestrator's drain holds g (until its rollback); else start "
-        "generation n, the handover's step is starting",
+        "refused while an orchestrator's drain holds g (until its rollback); else a worker "
+        "replacement running ends (its new worker stops; an unresponsive worker is killed), "
+        "start generation n, the handover's step is starting",
         to=(_H,),
     ),
     (_H, "Reload"): Transition("refused: one handover at a time"),
@@ -121,7 +128,8 @@ TABLE: Final[Mapping[tuple[Phase, str], Rule]] = {
         to=(_T, _X),
     ),
     (_V, "StopSignal"): Transition(
-        "drain g under the stop's deadline; a replacement still starting stops (short bound)",
+        "drain g under the stop's deadline; a replacement still starting stops (short bound); "
+        "a worker handing over drains on under its own bound",
         to=(_T,),
     ),
     (_H, "StopSignal"): Transition(
@@ -136,7 +144,9 @@ TABLE: Final[Mapping[tuple[Phase, str], Rule]] = {
     (_X, "StopSignal"): _EXITED,
     (_S, "WorkerReady"): Transition("all of g ready: g accepts, serving", to=(_V,)),
     (_V, "WorkerReady"): Transition(
-        "a replacement: it accepts (joining its generation's drain first, if one holds it)"
+        "a replacement: it accepts (joining its generation's drain first, if one holds it); "
+        "one that takes a worker's place: then that worker stops accepting, hands its clients "
+        "over and drains (full bound), or is killed if unresponsive; the next replacement begins"
     ),
     (_H, "WorkerReady"): Transition(
         "n all ready: the state refused → abort (n stops, g untouched), else n accepts, g "
@@ -152,7 +162,8 @@ TABLE: Final[Mapping[tuple[Phase, str], Rule]] = {
     ),
     (_V, "WorkerExited"): Transition(
         "its generation serving, or held by an orchestrator's drain: replace it after a "
-        "backoff; else recorded"
+        "backoff; a worker that left for good (recycled, scaled down, unresponsive) is not "
+        "replaced; a new worker that did not start ends its replacement; else recorded"
     ),
     (_H, "WorkerExited"): Transition(
         "a worker of n before the switch: abort (n stops, g untouched); of the generation "
@@ -251,6 +262,42 @@ TABLE: Final[Mapping[tuple[Phase, str], Rule]] = {
     (_H, "StopTimeout"): Transition("kill the workers that stop left, if any is still running"),
     (_T, "StopTimeout"): Transition("kill the workers that stop left, if any is still running"),
     (_X, "StopTimeout"): _EXITED,
+    (_S, "LimitReached"): Impossible(
+        _NOT_ACCEPTING.format(what="a worker counts toward its limits")
+    ),
+    (_V, "LimitReached"): Transition(
+        "a worker of g that accepts is due: its replacement starts now or after the one "
+        "running (one at a time); once it accepts, the worker hands over and drains"
+    ),
+    (_H, "LimitReached"): Transition(
+        "recorded: recycling pauses until the handover is done (then only for n's workers)"
+    ),
+    (_T, "LimitReached"): Stale("no worker starts into a stop: the stop drains the worker anyway"),
+    (_X, "LimitReached"): _EXITED,
+    (_S, "WorkerUnresponsive"): Impossible(
+        _NOT_ACCEPTING.format(what="the heartbeat watches a worker")
+    ),
+    (_V, "WorkerUnresponsive"): Transition(
+        "a worker of g that accepts: its replacement starts first (before any recycling), and "
+        "once that accepts the unresponsive worker is killed; any other: killed now"
+    ),
+    (_H, "WorkerUnresponsive"): Transition(
+        "killed now: the handover replaces its generation (one of the generation that serves "
+        "is replaced after a backoff, as any lost worker)"
+    ),
+    (_T, "WorkerUnresponsive"): Transition(
+        "killed now: it finishes nothing it admitted (its generation's drain fails for it)"
+    ),
+    (_X, "WorkerUnresponsive"): _EXITED,
+    (_S, "Scale"): Transition("refused: the first generation is still starting"),
+    (_V, "Scale"): Transition(
+        "refused while an orchestrator's drain holds g, or below 1 or above the most workers; "
+        "else g's size changes: a worker is added (ready, then it accepts), or the last that "
+        "accepts hands its clients over and drains"
+    ),
+    (_H, "Scale"): Transition("refused: a handover is running"),
+    (_T, "Scale"): Transition("refused: the supervisor is stopping"),
+    (_X, "Scale"): _EXITED,
 }
 
 

@@ -62,8 +62,9 @@ from ..wire import paths
 from .channel import Channel, ChannelClosedError, read_frame_blocking
 from .command import load_app
 from .forwarding import GenerationControl
-from .messages import StateReport
+from .messages import LimitReport, StateReport
 from .options import ServeOptions, options_from_wire
+from .recycling import LimitWatch
 from .server import drain_then_stop, serve_app
 from .uvicorn_options import loop_factory
 
@@ -77,6 +78,8 @@ _PR_SET_PDEATHSIG: Final = 1
 _COMMANDED: Final = {signal.SIGINT, signal.SIGTERM}
 #: How often the worker looks whether uvicorn has finished starting (it offers no event).
 _STARTUP_LOOK: Final = 0.02
+#: How often a retiring worker looks whether its HTTP connections are closed (no event either).
+_CONNECTIONS_LOOK: Final = 0.05
 
 
 def _set_parent_death_signal(signum: int) -> None:
@@ -102,8 +105,11 @@ class WorkerAgent:
         generation: int,
         private: socket.socket,
         supervisor_pid: int,
+        limits: LimitWatch | None = None,
     ) -> None:
         self.runtime = runtime
+        #: Its recycling limits (reported once it accepts).
+        self.limits = limits or LimitWatch(options, lambda why: None)
         self.channel = channel
         self.options = options
         self.private = private
@@ -167,6 +173,7 @@ class WorkerAgent:
         if self._stopping:
             return
         self._stopping = True
+        self.limits.stop()
         logger.info("worker.stopping worker=%d reason=%s", self.index, reason)
         if server is None or not server.started:
             if server is not None:
@@ -230,6 +237,37 @@ class WorkerAgent:
     async def _stop_accepting_command(self, message: dict[str, Any]) -> dict[str, Any]:
         return self._stop_accepting()
 
+    async def _retire_command(self, message: dict[str, Any]) -> dict[str, Any]:
+        grace = float(message["grace"])
+        if not self._stopping:
+            self._spawn(self._retire(grace))
+        return {"ok": True}
+
+    async def _retire(self, grace: float) -> None:
+        """Leave the generation alone (recycled, scaled down): stop accepting and ask every
+        HTTP connection to close (as a handover's old generation does), then, once the grace
+        is over and the HTTP connections are closed (or the drain's deadline passed), drain and
+        stop. A connection accepted just before the listener closed is answered with
+        ``Connection: close`` once its first request comes: the drain waits for it instead of
+        refusing that request."""
+        self._stop_accepting()
+        await asyncio.sleep(grace)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.drain_timeout
+        while self._http_connections() and loop.time() < deadline:  # noqa: ASYNC110 - uvicorn offers no event for a closed connection
+            await asyncio.sleep(_CONNECTIONS_LOOK)
+        self.stop("retired: its clients went to its siblings")
+
+    def _http_connections(self) -> int:
+        server = self.server
+        if server is None:
+            return 0
+        return sum(_is_http(c) for c in server.server_state.connections)
+
+    async def _ping(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The heartbeat: answered by this event loop, with what the worker holds."""
+        return {"ok": True, "inFlight": self.runtime.in_flight().model_dump()}
+
     @property
     def _commands(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]]:
         return {
@@ -242,6 +280,8 @@ class WorkerAgent:
             "accept": self._accept_command,
             "stop_accepting": self._stop_accepting_command,
             "stop": self._stop_command,
+            "ping": self._ping,
+            "retire": self._retire_command,
         }
 
     async def accept(self) -> dict[str, Any]:
@@ -256,6 +296,7 @@ class WorkerAgent:
         # One connection per wake-up, so a burst spreads over the generation's workers.
         accept_one_at_a_time(server, self.shared, self.tally)
         logger.info("worker.accepting worker=%d listeners=%d", self.index, len(self.shared))
+        self.limits.start()
         return {"ok": True}
 
     async def _report_drain(self, nonce: str) -> None:
@@ -292,6 +333,7 @@ class WorkerAgent:
         server = self.server
         if server is None:
             return {"ok": False}
+        self.limits.stop()
         private = self.private.getsockname()
         for listening in server.servers:
             if all(sock.getsockname() != private for sock in listening.sockets):
@@ -301,11 +343,16 @@ class WorkerAgent:
         # an idle one after the first-byte grace unless a request comes (answered, then closed),
         # so none is left open for a request the drain would refuse once intake closes.
         connections = server.server_state.connections
-        count = sum(hasattr(connection, "cycle") for connection in connections)
+        count = sum(_is_http(connection) for connection in connections)
         if isinstance(server, ZeroLossServer):
             server.zero_loss_stop.begin(connections, websockets=False)
         logger.info("worker.stopped_accepting worker=%d connections=%d", self.index, count)
         return {"ok": True, "connections": count}
+
+
+def _is_http(connection: object) -> bool:
+    """An HTTP connection of uvicorn's (a WebSocket session's protocol has no request cycle)."""
+    return hasattr(connection, "cycle")
 
 
 def _state_kind(runtime: Runtime) -> dict[str, Any] | None:
@@ -339,8 +386,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     for fd in (args.channel_fd, *args.listen_fd):
         os.set_inheritable(fd, False)  # passed to this process, never to those the app starts
     listeners = [socket.socket(fileno=fd) for fd in args.listen_fd]
-    workers = options.workers or 1
-    tally = None if args.tally_fd is None else Tally.attach(args.tally_fd, workers, config["index"])
+    # A slot in the generation's tally for each place up to its size (a worker in a place past
+    # them, while several are replaced at once, accepts without one).
+    slots = int(config.get("tallySlots") or options.workers or 1)
+    index = int(config["index"])
+    tally = (
+        None
+        if args.tally_fd is None
+        else Tally.attach(args.tally_fd, slots, index if index < slots else None)
+    )
     with asyncio.Runner(loop_factory=loop_factory(options.uvicorn.loop)) as runner:
         return runner.run(
             _serve(config, options, listeners, channel_sock, args.supervisor_pid, tally)
@@ -386,6 +440,7 @@ async def _serve(
     # same index fetches this one's state export from it during a handover.
     private = socket.create_server(("127.0.0.1", 0))
     runtime.supervised = True  # its siblings on the socket drain with it, as one generation
+    limits = LimitWatch(options, lambda why: channel.notify(LimitReport(why).wire()))
     agent = WorkerAgent(
         runtime,
         channel,
@@ -394,6 +449,7 @@ async def _serve(
         generation=generation,
         private=private,
         supervisor_pid=supervisor_pid,
+        limits=limits,
     )
     agent.shared = listeners
     agent.tally = tally
@@ -401,7 +457,7 @@ async def _serve(
     loop.add_signal_handler(PARENT_DEATH_SIGNAL, agent.stop, "the supervisor is gone")
     serving = asyncio.create_task(
         serve_app(
-            GenerationControl(app, channel=channel, control=runtime.control),
+            GenerationControl(limits.wrap(app), channel=channel, control=runtime.control),
             runtime,
             options,
             sockets=[],  # the private listener once started, the shared ones on accept

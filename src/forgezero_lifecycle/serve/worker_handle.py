@@ -22,6 +22,7 @@ from .messages import (
     COMMANDS,
     COUNTER_KINDS,
     ControlCall,
+    LimitReport,
     StateReport,
     decode_worker_message,
 )
@@ -69,6 +70,7 @@ class WorkerHandle:
         on_report: Callable[[WorkerHandle], None],
         on_exit: Callable[[WorkerHandle], None],
         on_failure: HandlerFailed,
+        on_limit: Callable[[WorkerHandle, str], None] | None = None,
     ) -> None:
         self.index = index
         self.generation = generation
@@ -77,6 +79,10 @@ class WorkerHandle:
         self._on_report = on_report
         self._on_exit = on_exit
         self._on_failure = on_failure
+        self._on_limit = on_limit
+        #: It leaves its generation alone (recycled, scaled down): it drains on its own bound,
+        #: apart from the generation's drain.
+        self.retiring = False
         self.process: asyncio.subprocess.Process | None = None
         self.channel: Channel | None = None
         self._report: DrainReport = "booting"
@@ -196,6 +202,10 @@ class WorkerHandle:
                 return None
             case ControlCall(call=call, args=args):
                 return await self._answer(call, args)
+            case LimitReport(why=why):
+                if self._on_limit is not None:
+                    self._on_limit(self, why)
+                return None
             case _:
                 logger.warning("supervisor.bad_message %s: %s", self.name, decoded)
                 return {"error": "RUNTIME_BAD_MESSAGE", "detail": decoded}
@@ -220,6 +230,21 @@ class WorkerHandle:
         if isinstance(answer.get("oldestInFlight"), list):
             self.oldest_in_flight = answer["oldestInFlight"]
         return answer
+
+    async def ping(self, timeout: float) -> bool | None:
+        """The heartbeat: True when the worker's event loop answered within ``timeout``, False
+        when it did not, None when the worker is gone."""
+        if self.channel is None or self.exited.is_set():
+            return None
+        try:
+            answer = await self.channel.request("ping", timeout=timeout)
+        except TimeoutError:
+            return None if self.exited.is_set() else False
+        except ChannelClosedError:
+            return None
+        if isinstance(answer.get("inFlight"), dict):
+            self.in_flight = answer["inFlight"]
+        return True
 
     def signal(self, signum: int) -> None:
         if self.process is not None and self.process.returncode is None:

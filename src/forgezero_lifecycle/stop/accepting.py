@@ -111,8 +111,9 @@ class Tally:
         return cls(mmap.mmap(file.fileno(), _SLOT.size * workers), workers, None), file
 
     @classmethod
-    def attach(cls, fd: int, workers: int, index: int) -> Tally:
-        """Worker ``index``'s view of the tally passed as ``fd`` (closed here: the map stays)."""
+    def attach(cls, fd: int, workers: int, index: int | None) -> Tally:
+        """Worker ``index``'s view of the tally passed as ``fd`` (closed here: the map stays);
+        ``index`` None: a worker without a slot of its own (it reads its siblings' counts)."""
         try:
             view = mmap.mmap(fd, _SLOT.size * workers)
         finally:
@@ -126,7 +127,7 @@ class Tally:
 
     def clear(self, index: int) -> None:
         """Worker ``index`` no longer accepts (the supervisor saw it exit)."""
-        if not self._view.closed:
+        if not self._view.closed and index < self._workers:
             _SLOT.pack_into(self._view, _SLOT.size * index, _ABSENT)
 
     def siblings(self) -> list[int]:

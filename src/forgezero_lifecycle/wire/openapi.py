@@ -33,7 +33,13 @@ from .drain import (
     RollbackRequest,
 )
 from .handoff import StateEnvelope, StateHandoffRequest, StateHandoffStatus
-from .supervisor import HandoverStatus, ReloadAccepted
+from .supervisor import (
+    HandoverStatus,
+    ReloadAccepted,
+    ScaleAccepted,
+    ScaleRequest,
+    SupervisorStatus,
+)
 
 __all__ = ["OPENAPI_VERSION", "build_document", "document_bytes", "dumps"]
 
@@ -49,6 +55,9 @@ _MODELS: Final[Sequence[tuple[type[BaseModel], JsonSchemaMode]]] = (
     (StateHandoffStatus, "serialization"),
     (ReloadAccepted, "serialization"),
     (HandoverStatus, "serialization"),
+    (ScaleRequest, "validation"),
+    (ScaleAccepted, "serialization"),
+    (SupervisorStatus, "serialization"),
 )
 #: JSON Schema names of the constraints pydantic leaves as-is after a ``BeforeValidator``.
 _KEYWORDS: Final[Mapping[str, str]] = {
@@ -259,6 +268,34 @@ def _paths() -> dict[str, Any]:
                     }
                 ],
                 ok=(200, "HandoverStatus"),
+                errors={
+                    404: ("RUNTIME_NOT_FOUND",),
+                    503: ("RUNTIME_SUPERVISOR_UNAVAILABLE",),
+                },
+            )
+        },
+        paths.RUNTIME_SUPERVISOR_SCALE_PATH: {
+            "post": _operation(
+                "scale",
+                "Add (`by` 1) or remove (`by` -1) one worker of the generation that serves, as "
+                "SIGTTIN and SIGTTOU do; an added worker accepts once ready, a removed one hands "
+                f"its keep-alive clients over and drains; never below one. {_SUPERVISED}",
+                body="ScaleRequest",
+                ok=(202, "ScaleAccepted"),
+                errors={
+                    400: ("RUNTIME_DRAIN_REQUEST_INVALID",),
+                    404: ("RUNTIME_NOT_FOUND",),
+                    409: ("RUNTIME_SCALE_REFUSED",),
+                    503: ("RUNTIME_SUPERVISOR_UNAVAILABLE",),
+                },
+            )
+        },
+        paths.RUNTIME_SUPERVISOR_STATUS_PATH: {
+            "get": _operation(
+                "supervisorStatus",
+                "The supervisor's workers, the replacements made (recycled, unresponsive, "
+                f"added) and the unresponsive workers seen. {_SUPERVISED}",
+                ok=(200, "SupervisorStatus"),
                 errors={
                     404: ("RUNTIME_NOT_FOUND",),
                     503: ("RUNTIME_SUPERVISOR_UNAVAILABLE",),

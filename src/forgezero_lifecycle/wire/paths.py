@@ -22,6 +22,8 @@ __all__ = [
     "RUNTIME_STATE_STATUS_PATH",
     "RUNTIME_SUPERVISOR_HANDOVER_PATH",
     "RUNTIME_SUPERVISOR_RELOAD_PATH",
+    "RUNTIME_SUPERVISOR_SCALE_PATH",
+    "RUNTIME_SUPERVISOR_STATUS_PATH",
 ]
 
 #: Every control path starts here; the middleware neither counts nor refuses these.
@@ -46,3 +48,7 @@ RUNTIME_METRICS_PATH: Final = "/.forgezero/runtime/metrics"
 RUNTIME_SUPERVISOR_RELOAD_PATH: Final = "/.forgezero/runtime/supervisor/v1/reload"
 #: Only under ``forgezero-lifecycle serve --workers``: how a handover begun by reload went.
 RUNTIME_SUPERVISOR_HANDOVER_PATH: Final = "/.forgezero/runtime/supervisor/v1/handover"
+#: Only under ``forgezero-lifecycle serve --workers``: add or remove one worker.
+RUNTIME_SUPERVISOR_SCALE_PATH: Final = "/.forgezero/runtime/supervisor/v1/scale"
+#: Only under ``forgezero-lifecycle serve --workers``: its workers, replacements and counts.
+RUNTIME_SUPERVISOR_STATUS_PATH: Final = "/.forgezero/runtime/supervisor/v1/status"
