@@ -78,8 +78,6 @@ _PR_SET_PDEATHSIG: Final = 1
 _COMMANDED: Final = {signal.SIGINT, signal.SIGTERM}
 #: How often the worker looks whether uvicorn has finished starting (it offers no event).
 _STARTUP_LOOK: Final = 0.02
-#: How often a retiring worker looks whether its HTTP connections are closed (no event either).
-_CONNECTIONS_LOOK: Final = 0.05
 
 
 def _set_parent_death_signal(signum: int) -> None:
@@ -246,23 +244,19 @@ class WorkerAgent:
     async def _retire(self, grace: float) -> None:
         """Leave the generation alone (recycled, scaled down): stop accepting and ask every
         HTTP connection to close (as a handover's old generation does), then, once the grace
-        is over and the HTTP connections are closed (or the drain's deadline passed), drain and
-        stop. A connection accepted just before the listener closed is answered with
-        ``Connection: close`` once its first request comes: the drain waits for it instead of
-        refusing that request."""
+        is over and every connection that was idle has closed or carries a request the app runs
+        (:meth:`~forgezero_lifecycle.stop.connections.ConnectionStop.wait_moved`; at most the
+        drain's deadline), drain and stop. A connection accepted just before the listener
+        closed is answered with ``Connection: close`` once its first request comes: the drain
+        waits for it instead of refusing that request."""
         self._stop_accepting()
         await asyncio.sleep(grace)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.options.drain_timeout
-        while self._http_connections() and loop.time() < deadline:  # noqa: ASYNC110 - uvicorn offers no event for a closed connection
-            await asyncio.sleep(_CONNECTIONS_LOOK)
-        self.stop("retired: its clients went to its siblings")
-
-    def _http_connections(self) -> int:
         server = self.server
-        if server is None:
-            return 0
-        return sum(_is_http(c) for c in server.server_state.connections)
+        if isinstance(server, ZeroLossServer):
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.options.drain_timeout):
+                    await server.zero_loss_stop.wait_moved()
+        self.stop("retired: its clients went to its siblings")
 
     async def _ping(self, message: dict[str, Any]) -> dict[str, Any]:
         """The heartbeat: answered by this event loop, with what the worker holds."""
