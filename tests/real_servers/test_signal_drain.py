@@ -225,3 +225,25 @@ async def test_hypercorn_parent_unhooked(start: Any) -> None:
     assert "`forgezero-lifecycle serve`" in log
     assert "signal.drain " not in log
     assert log.count("signal.unhookable") == 1
+
+
+@pytest.mark.parametrize("kind", ["uvicorn-h11", "gunicorn", "hypercorn-single"])
+async def test_drain_told_in_the_servers_own_log(kind: str, tmp_path: Path) -> None:
+    """An app that configures no logging (most do not) under the server's default logging:
+    the signal's drain begins and settles in the server's own log, where its user looks."""
+    server = start_server(
+        kind,
+        "tests.real_servers.quiet_app:app",
+        log_path=tmp_path / f"{kind}.log",
+        environment={"FORGEZERO_CONTROL_TOKEN": CONTROL_TOKEN},
+        log_level="info",
+        measured=False,  # coverage's own SIGTERM handler must not be the one hooked
+    )
+    try:
+        server.process.send_signal(signal.SIGTERM)
+        await _wait_exit(server)
+    finally:
+        _stop_all(server)
+    log = server.log()
+    assert "signal.drain signal=SIGTERM" in log, log
+    assert "signal.drain_settled state=drained" in log, log

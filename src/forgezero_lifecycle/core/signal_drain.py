@@ -80,6 +80,9 @@ if TYPE_CHECKING:
 __all__ = ["HOOKED_SIGNALS", "SignalDrain"]
 
 logger = logging.getLogger("forgezero_lifecycle.signals")
+#: The loggers the servers configure by default (uvicorn's, which gunicorn's uvicorn workers
+#: send to gunicorn's error log, and hypercorn's).
+_SERVER_LOGGERS: Final = ("uvicorn.error", "hypercorn.error")
 
 #: The signals that begin a drain.
 HOOKED_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
@@ -276,7 +279,7 @@ class SignalDrain:
     def _begin(self, signum: int) -> None:
         if signum not in self._hooks:
             return  # put back (or forced) while the signal was on its way: the server stops
-        logger.info(
+        _told().info(
             "signal.drain signal=%s: draining within %.1f s; the server stops once the drain "
             "settles (a second signal stops it now)",
             signal.Signals(signum).name,
@@ -339,7 +342,7 @@ class SignalDrain:
             logger.exception("signal.drain_crashed: the server stops now")
             state = "failed"
         level = logging.INFO if state == "drained" else logging.WARNING
-        logger.log(level, "signal.drain_settled state=%s: the server stops now", state)
+        _told().log(level, "signal.drain_settled state=%s: the server stops now", state)
         if self._before_stop is not None:
             try:
                 await self._before_stop()  # bounded; logs what it could not finish
@@ -474,3 +477,16 @@ def _owner(handler: object) -> object:
     if isinstance(handler, functools.partial):
         handler = handler.func
     return getattr(handler, "__self__", None)
+
+
+def _told() -> logging.Logger:
+    """Where a drain's beginning and end are logged: the library's logger, or, while nothing
+    handles its records (the library configures no handler, and plain ``uvicorn app:app``
+    configures only its own loggers), the server's own log, where its user looks."""
+    if logger.hasHandlers():
+        return logger
+    for name in _SERVER_LOGGERS:
+        server = logging.getLogger(name)
+        if server.hasHandlers():
+            return server
+    return logger
