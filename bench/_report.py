@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from bench._meanings import MEANINGS, meaning, missed_because
+
 __all__ = [
     "ROW_KEYS",
     "figures",
@@ -268,6 +270,20 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _meaning_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The section saying, per benchmark, what its rows measure and what the ratio means."""
+    listed = [
+        key for key in MEANINGS if any(meaning(str(r["benchmark"])) == MEANINGS[key] for r in rows)
+    ]
+    if not listed:
+        return []
+    lines = ["", "## What the rows measure", ""]
+    for key in listed:
+        measured, ratio = MEANINGS[key]
+        lines.append(f"- **{key.rstrip('.')}**: {measured}. Ratio: {ratio}.")
+    return lines
+
+
 def markdown(
     rows: Sequence[dict[str, Any]],
     info: dict[str, str],
@@ -313,7 +329,12 @@ def markdown(
     if not_measured:
         lines.append(f"Rows not run: {len(not_measured)} (each says why in the notes).")
     for r in missed:
-        lines.append(f"- {r['benchmark']} / {r['metric']}: {_fmt(r['median'])} vs {r['target']}")
+        reason = missed_because(r)
+        because = f"; missed because {reason}" if reason else ""
+        lines.append(
+            f"- {r['benchmark']} / {r['metric']}: {_fmt(r['median'])} vs {r['target']}{because}"
+        )
+    lines += _meaning_lines(rows)
     notes = [r for r in rows if r.get("note")]
     if notes or skipped:
         lines += ["", "## Notes", ""]

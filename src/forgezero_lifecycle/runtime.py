@@ -319,6 +319,9 @@ class Runtime:
 
     def wrap(self, app: ASGIApp) -> ASGIApp:
         """Wrap any ASGI app: in-flight middleware outside, control plane ahead of its routes."""
+        return self._middleware(app)
+
+    def _middleware(self, app: ASGIApp) -> InFlightMiddleware:
         middleware = InFlightMiddleware(app, **self._middleware_options())
         middleware.forgezero_runtime = self
         self._middlewares.append(middleware)
@@ -343,7 +346,9 @@ class Runtime:
         build = app.build_middleware_stack
 
         def build_inside_runtime() -> ASGIApp:
-            return self.wrap(build())
+            # Starlette calls its stack on every request: a bound method is called the way a
+            # function is, without the lookup of ``__call__`` an instance needs each time.
+            return self._middleware(build()).__call__
 
         # An instance attribute shadows the class's method: Starlette and FastAPI both build
         # their stack through self.build_middleware_stack() on the first call.

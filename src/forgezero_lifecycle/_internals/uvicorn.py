@@ -18,8 +18,10 @@ the gunicorn worker class use:
   :mod:`forgezero_lifecycle._internals.gunicorn`; uvicorn before 0.36 lacks it);
 * ``Server.startup`` building each connection's protocol from ``config.http_protocol_class`` as
   the connection is made, so a class set on a running server's config serves every later one;
-* the HTTP protocol classes (``H11Protocol``, ``HttpToolsProtocol``): ``connection_made``,
-  ``data_received``, ``on_response_complete`` and ``shutdown`` (extended), the instance
+* the HTTP protocol classes (``H11Protocol``, ``HttpToolsProtocol``): ``connection_made`` and
+  ``shutdown`` (extended), ``data_received`` and ``on_response_complete`` (extended on the
+  instance once the stop begins: read through the instance, as a new cycle's ``on_response``,
+  and by the transport, which ``set_protocol`` tells anew), the instance
   attributes ``transport`` and ``cycle``, and their construction as
   ``cls(config=, server_state=, app_state=, _loop=)``, as ``Server.startup`` does it
   (:func:`protocol_factory`: a ``serve --workers`` worker and the gunicorn worker class accept

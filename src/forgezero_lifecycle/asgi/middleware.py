@@ -205,8 +205,11 @@ class InFlightMiddleware:
         self._refusal_headers: Final = [*self._refusal_headers_h2, CLOSE_HEADER]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The hot path, kept flat (no coroutine layer of its own) since it runs on every request:
-        # an HTTP request that no setting sends elsewhere costs three tests before it is counted.
+        # The hot path, kept flat and small since it runs on every request: an HTTP request
+        # that no setting sends elsewhere costs three tests before it is counted. Under uvicorn
+        # while no drain runs, counting it is a set's add and discard and nothing else is done
+        # to it; every other counted request goes through _counted (a coroutine of its own, so
+        # that this one's frame stays small).
         # The control prefix is looked for anywhere in the path: the path inside the app is a
         # suffix of scope["path"] (ASGI 3 puts root_path in both), so a path without it is no
         # control path whatever root_path says, and one with it is screened in full by _route.
@@ -224,7 +227,10 @@ class InFlightMiddleware:
         # same synchronous step as the test of gate.serving, so a drain that begins later finds
         # this request in the set.
         gate = self._gate
-        cycle = getattr(send, "__self__", None)
+        try:
+            cycle = send.__self__  # type: ignore[attr-defined]  # a bound method's object
+        except AttributeError:  # no method: no server's request the drain can act on
+            cycle = None
         kind = type(cycle)
         if gate.serving and (
             kind is self._cycle_kind
@@ -245,11 +251,9 @@ class InFlightMiddleware:
             try:
                 await self.app(scope, receive, send)
             except Exception as error:
-                if not gate.draining:
-                    raise
-                if not (given_up(cycle) and _caused_by_drain(error)):
-                    reconnect(cycle)  # so that uvicorn can still answer the error
-                    raise
+                if gate.draining and _uvicorn_gave_up(cycle, error):
+                    return
+                raise
             else:
                 if gate.draining:
                     settle(cycle)
@@ -258,9 +262,17 @@ class InFlightMiddleware:
                 if gate.waiting_idle:
                     gate.released()
             return
-        # Under hypercorn, an HTTP/1 request while serving: the same, on hypercorn's HTTPStream
-        # (asgi._hypercorn); HTTP/2 streams share a connection and are wrapped.
-        if gate.serving and kind is self._stream_kind and scope["http_version"] in HTTP1:
+        await self._counted(scope, receive, send, cycle)
+
+    async def _counted(self, scope: Scope, receive: Receive, send: Send, cycle: object) -> None:
+        """A counted HTTP request that is not uvicorn's while serving: hypercorn's over HTTP/1
+        while serving, unwrapped; every other one (admitted while draining, HTTP/2, another
+        server) counted by the gate and wrapped, or refused."""
+        gate = self._gate
+        # Under hypercorn, an HTTP/1 request while serving: the same as uvicorn's, on
+        # hypercorn's HTTPStream (asgi._hypercorn); HTTP/2 streams share a connection and are
+        # wrapped.
+        if gate.serving and type(cycle) is self._stream_kind and scope["http_version"] in HTTP1:
             stream: Any = cycle
             running = self._running
             running.add(stream)
@@ -284,8 +296,6 @@ class InFlightMiddleware:
                 if gate.waiting_idle:
                     gate.released()
             return
-        # Everything else (admitted while draining, HTTP/2, another server) is counted by the
-        # gate and wrapped.
         if scope.get("http_version") == "2" and self._past_goaway(send):
             gate.refused_http += 1
             await self._refuse_http(scope, receive, send)
@@ -920,6 +930,16 @@ async def _send_within(send: Send, message: Message, cutoff: asyncio.Event) -> b
         return False
     sending.result()  # the server's own error, if it raised one
     return True
+
+
+def _uvicorn_gave_up(cycle: Any, error: Exception) -> bool:
+    """While draining, the app of a uvicorn request raised ``error``: True when the drain gave
+    up on its connection and the error came of that (then it is not passed on); otherwise the
+    connection is put back, so that uvicorn can still answer the error."""
+    if given_up(cycle) and _caused_by_drain(error):
+        return True
+    reconnect(cycle)
+    return False
 
 
 def _caused_by_drain(error: BaseException, depth: int = 0) -> bool:

@@ -189,7 +189,7 @@ class StateCodec(Generic[T]):
         self, cursor: object, value: object, source: str, target: str
     ) -> tuple[StateEnvelope, bytes]:
         """The envelope of an exported ``(cursor, value)``, and its canonical JSON document."""
-        signed, document = self._seal(cursor, value, source, target)
+        signed, document = self._seal(cursor, value, source, target, keep_value=True)
         return StateEnvelope.model_validate(signed), document
 
     @gc_paused_keeping
@@ -219,8 +219,15 @@ class StateCodec(Generic[T]):
         source: str,
         target: str,
         leftovers: Leftovers | None = None,
+        *,
+        keep_value: bool = False,
     ) -> tuple[dict[str, object], bytes]:
-        """The signed envelope as JSON data, and its canonical JSON document."""
+        """The signed envelope as JSON data, and its canonical JSON document.
+
+        Unless ``keep_value`` (or ``leftovers`` are to hold it), the dumped value is freed as
+        soon as its canonical JSON is made: the import check then builds its typed value
+        without it alive (the signed envelope's ``value`` is None then).
+        """
         if not isinstance(cursor, str) or CURSOR_PATTERN.fullmatch(cursor) is None:
             raise _export_invalid("the cursor must match " + CURSOR_PATTERN.pattern)
         if not isinstance(value, self.model):
@@ -229,13 +236,18 @@ class StateCodec(Generic[T]):
         unsigned = self._unsigned(cursor, data, source, target, self.schema_version)
         encoded = self._canonical(unsigned, data, _export_invalid("the value fails its model"))
         value_bytes = _value_bytes(unsigned, encoded)
+        holding = leftovers is not None and self.pause_collector and _promoted_on_exit()
+        if not (keep_value or holding):
+            unsigned["value"] = None
+            del data
         checked = self._check_imports(value_bytes)
         if len(encoded) > self.maximum_bytes:
             raise StateExportError(
                 "RUNTIME_STATE_EXPORT_TOO_LARGE",
                 f"{len(encoded)} bytes of canonical JSON, the limit is {self.maximum_bytes}",
             )
-        if leftovers is not None and self.pause_collector and _promoted_on_exit():
+        if holding:
+            assert leftovers is not None
             leftovers.hold(data, checked)  # freed after the answer; a refused seal holds nothing
         del checked
         signed = {**unsigned, "digest": digest_of(encoded)}

@@ -34,8 +34,12 @@ carrying a request that the app now runs. Only then may the drain close intake: 
 reached the process before that, even one the loop of a loaded machine reads late, is answered,
 never refused.
 
-The protocol classes are uvicorn's own (``H11Protocol``, ``HttpToolsProtocol``) with four methods
-extended; what they rely on of uvicorn is listed in :mod:`forgezero_lifecycle._internals.uvicorn`.
+The protocol classes are uvicorn's own (``H11Protocol``, ``HttpToolsProtocol``) with
+``connection_made`` extended (the lingering transport); ``data_received`` and
+``on_response_complete`` (and ``connection_lost``) are extended on each connection only once the
+stop begins, so a request
+served before costs what it costs under uvicorn alone. What they rely on of uvicorn is listed in
+:mod:`forgezero_lifecycle._internals.uvicorn`.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ class ConnectionStop:
                 connection.shutdown()
 
     def arm(self, protocol: Any) -> None:
+        _extend_for_stop(protocol, self)
         cycle = protocol.cycle
         if cycle is not None and not cycle.response_complete:
             cycle.keep_alive = False  # close once this response is complete
@@ -222,19 +227,18 @@ class _LingeringTransport(asyncio.Transport):
         self._transport = transport
         self._stop = stop
         self._closed = False
-        # The calls made per request, bound once so they cost what the real ones cost.
+        # The calls made per request, bound once so they cost what the real ones cost;
+        # is_closing is the real one's until this transport is closed (then always True).
         self.write = transport.write  # type: ignore[method-assign]
         self.get_extra_info = transport.get_extra_info  # type: ignore[method-assign]
         self.pause_reading = transport.pause_reading  # type: ignore[method-assign]
         self.resume_reading = transport.resume_reading  # type: ignore[method-assign]
-
-    def is_closing(self) -> bool:
-        return self._closed or self._transport.is_closing()
+        self.is_closing = transport.is_closing  # type: ignore[method-assign]
 
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
+        self._mark_closed()
         transport = self._transport
         if transport.is_closing():
             transport.close()
@@ -242,8 +246,12 @@ class _LingeringTransport(asyncio.Transport):
         self._stop.linger(transport, transport.get_protocol())
 
     def abort(self) -> None:
-        self._closed = True
+        self._mark_closed()
         self._transport.abort()
+
+    def _mark_closed(self) -> None:
+        self._closed = True
+        self.is_closing = _always_closing  # type: ignore[method-assign]
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self._transport.set_protocol(protocol)
@@ -273,18 +281,57 @@ class _LingeringTransport(asyncio.Transport):
         return self._transport.can_write_eof()
 
 
+def _always_closing() -> bool:
+    return True
+
+
+def _extend_for_stop(protocol: Any, stop: ConnectionStop) -> None:
+    """From the stop on, ``protocol``'s two calls made per request do the stop's part too: a
+    request parsed from now on is answered with Connection: close (and its connection has
+    moved: :meth:`ConnectionStop.wait_moved`), and a connection whose response is complete
+    closes if idle; its loss is told to the stop too. Bound on the instance once the stop begins, so a
+    request served before any stop runs uvicorn's own methods and nothing else."""
+    if "on_response_complete" in vars(protocol):
+        return  # extended already
+    received = protocol.data_received
+    completed = protocol.on_response_complete
+    lost = protocol.connection_lost
+
+    def data_received(data: bytes) -> None:
+        received(data)
+        cycle = protocol.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.keep_alive = False
+            stop.moved(protocol)  # its task runs the app before the drain can close intake
+
+    def connection_lost(exc: Exception | None) -> None:
+        lost(exc)
+        stop.moved(protocol)
+
+    def on_response_complete() -> None:
+        completed()  # a cycle made from now on is given this one (uvicorn's ``on_response``)
+        stop.close_if_idle(protocol)
+
+    protocol.data_received = data_received
+    protocol.on_response_complete = on_response_complete
+    protocol.connection_lost = connection_lost
+    transport = protocol.transport
+    if transport is not None and transport.get_protocol() is protocol:
+        # uvloop keeps the protocol's bound data_received from set_protocol on: renew it.
+        transport.set_protocol(protocol)
+
+
 def zero_loss_protocol(
     base: type[asyncio.Protocol], stop: ConnectionStop
 ) -> type[asyncio.Protocol]:
-    """``base`` (uvicorn's ``H11Protocol`` or ``HttpToolsProtocol``) with the stop's behaviour."""
+    """``base`` (uvicorn's ``H11Protocol`` or ``HttpToolsProtocol``) with the stop's behaviour:
+    its connections close the lingering way; the stop's part of each request is added to a
+    connection only once the stop begins (:meth:`ConnectionStop.arm`)."""
     existing = getattr(base, "zero_loss_stop", None)
     if existing is not None:
         raise TypeError(f"{base.__qualname__} already has a zero-loss stop")
     base_connection_made: Any = base.connection_made
-    base_connection_lost: Any = base.connection_lost
-    base_data_received: Any = base.data_received
-    base_response_complete: Any = getattr(base, "on_response_complete", None)
-    if base_response_complete is None:
+    if getattr(base, "on_response_complete", None) is None:
         raise TypeError(f"{base.__qualname__} has no on_response_complete: not a uvicorn protocol")
 
     def connection_made(self: Any, transport: asyncio.Transport) -> None:
@@ -292,30 +339,6 @@ def zero_loss_protocol(
         if stop.stopping:  # accepted while the stop takes what was queued
             stop.arm(self)
 
-    def connection_lost(self: Any, exc: Exception | None) -> None:
-        base_connection_lost(self, exc)
-        if stop.stopping:
-            stop.moved(self)
-
-    def data_received(self: Any, data: bytes) -> None:
-        base_data_received(self, data)
-        if stop.stopping:  # a request parsed now is answered with Connection: close
-            cycle = self.cycle
-            if cycle is not None and not cycle.response_complete:
-                cycle.keep_alive = False
-                stop.moved(self)  # its task runs the app before the drain can close intake
-
-    def on_response_complete(self: Any) -> None:
-        base_response_complete(self)
-        if stop.stopping:
-            stop.close_if_idle(self)
-
-    namespace = {
-        "connection_made": connection_made,
-        "connection_lost": connection_lost,
-        "data_received": data_received,
-        "on_response_complete": on_response_complete,
-        "zero_loss_stop": stop,
-    }
+    namespace = {"connection_made": connection_made, "zero_loss_stop": stop}
     cls: type[asyncio.Protocol] = type(f"ZeroLoss{base.__name__}", (base,), namespace)
     return cls
