@@ -12,9 +12,10 @@ end it at its instant (no ``http.disconnect`` on ``receive()``, no close 1012), 
 can send a last event and return by itself. What it has not ended by the cutoff is ended then,
 as every other request is.
 
-What one request pays for it is this object (two slots) and, under a server whose scope has no
-``extensions`` (uvicorn), one small dict: nothing is looked at until the handler reads it. The
-place in the spread is taken when ``wait()`` is first called (:meth:`NoticeBoard.listen`).
+What one request pays for it is this object (one slot, made without an ``__init__`` call:
+:meth:`NoticeBoard.notice`) and, under a server whose scope has no ``extensions`` (uvicorn), one
+small dict: nothing is looked at until the handler reads it. The place in the spread is taken
+when ``wait()`` is first called (:meth:`NoticeBoard.listen`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from .._race import first
 from ..core.gate import IntakeGate
 
 __all__ = ["EXTENSION", "DrainNotice", "Listener", "NoticeBoard"]
+
+_new = object.__new__
 
 #: The key of the notice in ``scope["extensions"]``.
 EXTENSION: Final = "forgezero.drain"
@@ -51,7 +54,7 @@ class NoticeBoard:
     """One per middleware: what every request's :class:`DrainNotice` reads, and which of the
     server's own requests (uvicorn cycles, hypercorn streams) have a handler waiting on it."""
 
-    __slots__ = ("_room", "gate", "listening")
+    __slots__ = ("_room", "gate", "kind", "listening")
 
     def __init__(self, gate: IntakeGate, room: Callable[[], float] | None) -> None:
         self.gate = gate
@@ -59,6 +62,18 @@ class NoticeBoard:
         #: The server's request objects whose handler waits on the notice, with their delay in
         #: the spread (set at the notice). Weak: an entry goes with its request.
         self.listening: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        #: This board's notices: a DrainNotice with the board a class attribute, so a request's
+        #: notice is one slot to fill (see :meth:`notice`).
+        self.kind: type[DrainNotice] = type(
+            "DrainNotice", (DrainNotice,), {"__slots__": (), "_board": self}
+        )
+
+    def notice(self, owner: object) -> DrainNotice:
+        """A notice for ``owner`` (the request's own object). The middleware's hot paths do
+        the same inline: ``_new(board.kind)`` and one slot set, no ``__init__`` call."""
+        notice = _new(self.kind)
+        notice._owner = owner
+        return notice
 
     def listen(self, owner: Any) -> None:
         """``owner``'s handler waits on the notice: the middleware does not end it at its
@@ -82,16 +97,17 @@ class NoticeBoard:
         return max(0.0, self._room())
 
 
-@final
 class DrainNotice:
     """``scope["extensions"]["forgezero.drain"]``: when this request should end, and how long
     is left until the drain cuts it."""
 
-    __slots__ = ("_board", "_owner")
+    __slots__ = ("_owner",)
 
-    def __init__(self, board: NoticeBoard, owner: object) -> None:
-        self._board = board
-        self._owner = owner
+    #: Set on each board's subclass (:attr:`NoticeBoard.kind`).
+    _board: NoticeBoard
+    #: The request's own object: a server's request cycle or stream, or the middleware's
+    #: wrapped request or WebSocket session.
+    _owner: object
 
     async def wait(self) -> None:
         """Return at this request's instant of the stream notice (or at the cutoff, if that

@@ -114,6 +114,7 @@ __all__ = ["InFlightMiddleware"]
 
 logger = logging.getLogger("forgezero_lifecycle.middleware")
 
+_new = object.__new__
 _REFUSAL_BODY: Final = b'{"error":"RUNTIME_DRAINING"}'
 _DISCONNECT: Final = {"type": "http.disconnect"}
 _TRY_AGAIN_LATER: Final = 1013
@@ -158,6 +159,7 @@ class InFlightMiddleware:
         self._notice_room = notice_room
         #: What every request's ``scope["extensions"]["forgezero.drain"]`` reads (:mod:`._notice`).
         self._board = NoticeBoard(gate, notice_room)
+        self._notice_kind = self._board.kind
         self._signals = signals
         #: Runs the app's lifespan so the stop can shut it down right after the drain.
         self._teardown = teardown
@@ -242,12 +244,15 @@ class InFlightMiddleware:
         ):
             running = self._running
             running.add(cycle)
-            # The drain notice (asgi._notice): uvicorn's scope has no extensions of its own.
+            # The drain notice (asgi._notice), one slot filled; uvicorn's scope has no
+            # extensions of its own.
+            notice = _new(self._notice_kind)
+            notice._owner = cycle
             extensions = scope.get("extensions")
             if extensions is None:
-                scope["extensions"] = {EXTENSION: DrainNotice(self._board, cycle)}
+                scope["extensions"] = {EXTENSION: notice}
             else:
-                extensions[EXTENSION] = DrainNotice(self._board, cycle)
+                extensions[EXTENSION] = notice
             try:
                 await self.app(scope, receive, send)
             except Exception as error:
@@ -276,11 +281,13 @@ class InFlightMiddleware:
             stream: Any = cycle
             running = self._running
             running.add(stream)
+            notice = _new(self._notice_kind)
+            notice._owner = stream
             extensions = scope.get("extensions")
             if extensions is None:
-                scope["extensions"] = {EXTENSION: DrainNotice(self._board, stream)}
+                scope["extensions"] = {EXTENSION: notice}
             else:  # hypercorn's own (every version this path knows gives one)
-                extensions[EXTENSION] = DrainNotice(self._board, stream)
+                extensions[EXTENSION] = notice
             try:
                 await self.app(scope, receive, send)
             except Exception as error:
@@ -305,7 +312,7 @@ class InFlightMiddleware:
             await self._refuse_http(scope, receive, send)
             return
         responder = _HttpResponder(gate, receive, send, scope)
-        _offer(scope, DrainNotice(self._board, responder))
+        _offer(scope, self._board.notice(responder))
         wrapped = self._wrapped
         wrapped.add(responder)
         try:
@@ -591,7 +598,7 @@ class InFlightMiddleware:
             await self._refuse_websocket(scope, receive, send)
             return
         session = _WebSocketSession(gate, send, self._close_code, scope)
-        _offer(scope, DrainNotice(self._board, session))
+        _offer(scope, self._board.notice(session))
         sessions = self._sessions
         sessions.add(session)
         watcher = asyncio.ensure_future(session.close_at_notice())
