@@ -319,7 +319,7 @@ async def test_handover_span_steps_and_generation_drain_child() -> None:
     record = log.begin(1)
     record.to_generation = 2
     for action in (
-        m.StartGeneration(2),
+        m.StartGeneration(2, workers=2),
         m.Accept(2, (0, 1), whole=True),
         m.StopAccepting(1),
         m.BeginDrain(1, target=2),

@@ -325,6 +325,12 @@ class SignalDrain:
                 grace = await self._server_serving()
             if grace > 0:  # the handover: open connections move to the siblings first
                 assert self._server_stop is not None
+                from ..stop.server import HANDOVER_GRACE
+
+                # The handover grace at least (keep-alive clients between two requests meet
+                # the first-byte grace's close and reconnect to a sibling), then until every
+                # connection that was idle has moved.
+                await asyncio.sleep(min(HANDOVER_GRACE, grace))
                 if not await self._server_stop.wait_moved(grace):
                     logger.warning(
                         "signal.handover_unmoved: connections still idle %.1f s after the "
