@@ -29,8 +29,8 @@ still takes more than its share.)
 gunicorn waits ``--graceful-timeout`` seconds for a worker after its final TERM before it kills
 it: it must be at least ``HANDOVER_GRACE`` + ``signal_drain_timeout`` + the lingering close
 (``LINGER_TIMEOUT``) + a margin, or the arbiter kills a worker that is still draining. The
-worker logs a warning at startup when it is smaller. After the drain the worker sends no
-heartbeat, so ``--timeout`` must also exceed the stop's last part (a few seconds).
+arbiter's first worker logs a warning at startup when it is smaller. After the drain the worker
+sends no heartbeat, so ``--timeout`` must also exceed the stop's last part (a few seconds).
 
 At start-up the worker checks what it relies on of gunicorn, uvicorn-worker and uvicorn
 (:mod:`forgezero_lifecycle._internals.gunicorn`, :mod:`forgezero_lifecycle._internals.uvicorn`);
@@ -110,6 +110,8 @@ class UvicornWorker(_UvicornWorker):
         if runtime is None:
             logger.info("gunicorn.no_runtime: the stop hands over and lingers, without a drain")
             return
+        if self.age > 1:
+            return  # said once per arbiter: by its first worker (gunicorn's age counts them)
         needed = required_graceful_timeout(runtime.signal_drain.timeout)
         graceful = float(self.cfg.graceful_timeout)
         if graceful < needed:

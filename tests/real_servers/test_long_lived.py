@@ -199,5 +199,5 @@ async def test_hung_teardown_bounded(start: Any, kind: str) -> None:
     assert "teardown.lifespan_overran" in log, log
     assert "lifespan shutdown" in _lines(record)
     assert "lifespan shutdown done" not in _lines(record)
-    if kind == "serve-h11":
+    if kind.startswith("serve-"):  # a worker's failed stop fails the supervisor's too
         assert code == 1, log

@@ -711,3 +711,18 @@ def test_beginnings_decided_before_a_stop_are_outdated() -> None:
     assert machine.outdated(m.StartWorker(1, 0), before)
     assert machine.outdated(m.HandState(1, 2), before)
     assert not machine.outdated(m.BeginDrain(1), before)
+
+
+def test_a_workers_failed_stop_fails_the_exit() -> None:
+    """Every generation drained, but a worker's own stop failed (told to stop, it exited 1: its
+    app's lifespan shutdown overran): the supervisor exits 1, not 0 "drained"."""
+    machine = m.SupervisorMachine(2)
+    machine.start()
+    _ready(machine, 1)
+    machine.handle(m.StopSignal())
+    actions = machine.handle(m.DrainSettled(1, drained=True))
+    actions += machine.handle(m.QueueEmptied())
+    actions += machine.handle(m.WorkerExited(1, 0, failed=True))
+    actions += machine.handle(m.WorkerExited(1, 1))
+    exits = [action for action in actions if isinstance(action, m.Exit)]
+    assert exits == [m.Exit(1, "worker-failed")], actions

@@ -321,6 +321,9 @@ class WorkerExited:
     index: int
     #: What the I/O layer knows of the exit (the exit code, the worker's last words).
     why: str = ""
+    #: The worker's own stop failed: told to stop, it exited with a failure status (its app's
+    #: lifespan shutdown overran what was left of the deadline, say).
+    failed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -618,7 +621,8 @@ class Scaled:
 @dataclass(frozen=True, slots=True)
 class Exit:
     code: int
-    #: What the stop reports: ``drained``, ``failed``, ``forced`` or ``not-started``.
+    #: What the stop reports: ``drained``, ``failed``, ``forced``, ``not-started``, or
+    #: ``worker-failed`` (drained, but a worker's own stop failed).
     outcome: str
 
 
@@ -769,6 +773,8 @@ class SupervisorMachine:
         self._outcomes: dict[int, bool] = {}
         self._queue_emptied = False
         self.exit_code: int | None = None
+        #: A worker's own stop failed during this stop (the exit is 1 even if it drained).
+        self._worker_stop_failed = False
         self._timers = 0
         #: How many stops began (0 or 1; 2 once forced): the actions decided before are stale.
         self.stops = 0
@@ -863,7 +869,9 @@ class SupervisorMachine:
                 return self._stop_signal()
             case WorkerReady(generation=number, index=index, state_kind=kind):
                 return self._worker_ready(number, index, kind)
-            case WorkerExited(generation=number, index=index, why=why):
+            case WorkerExited(generation=number, index=index, why=why, failed=failed):
+                if failed and self.phase is Phase.STOPPING:
+                    self._worker_stop_failed = True
                 return self._worker_exited(number, index, why)
             case StartTimeout(generation=number, index=index, why=why):
                 return self._start_timeout(number, index, why)
@@ -1461,7 +1469,7 @@ class SupervisorMachine:
         if self.forced:
             code, outcome = 1, "forced"
         elif self._stop_drains and all(self._outcomes.get(n, False) for n in self._stop_drains):
-            code, outcome = 0, "drained"
+            code, outcome = (1, "worker-failed") if self._worker_stop_failed else (0, "drained")
         elif self._stop_drains:
             code, outcome = 1, "failed"
         else:

@@ -456,15 +456,20 @@ class Supervisor:
         stopping = worker.index < len(states) and states[worker.index] is m.WorkerState.STOPPING
         stopping = stopping or worker.index in self.machine.retired(worker.generation)
         why = ""
+        # A worker told to stop that exits 1 says its own stop failed (serve's exit status).
+        failed = stopping and (worker.exit_code or 0) > 0
         if stopping:
-            logger.info("supervisor.worker_exited %s reason=%s", worker.name, worker.exit_reason)
+            level = logging.WARNING if failed else logging.INFO
+            logger.log(
+                level, "supervisor.worker_exited %s reason=%s", worker.name, worker.exit_reason
+            )
         elif not worker.ready.is_set():
             detail = f": {worker.detail}" if worker.detail else ""
             why = f"{worker.name} exited ({worker.exit_reason}) before it was ready{detail}"
             logger.error("supervisor.start_failed %s", why)
         else:
             logger.warning("supervisor.worker_lost %s reason=%s", worker.name, worker.exit_reason)
-        self._on(m.WorkerExited(worker.generation, worker.index, why))
+        self._on(m.WorkerExited(worker.generation, worker.index, why, failed=failed))
 
     def _drain_changed(self, number: int, change: Literal["begun", "rolled-back"]) -> None:
         if change == "rolled-back":

@@ -95,6 +95,8 @@ class WorkerHandle:
         self.ready = asyncio.Event()
         self.exited = asyncio.Event()
         self.exit_reason: str | None = None
+        #: The process's exit status once it exited (negative: the signal that killed it).
+        self.exit_code: int | None = None
         self.revision: str | None = None
         self.state_kind: dict[str, Any] | None = None
         self.private_port = 0
@@ -186,6 +188,7 @@ class WorkerHandle:
         assert self.process is not None
         assert self.channel is not None
         code = await self.process.wait()
+        self.exit_code = code
         self.exit_reason = exit_reason(code)
         self.exited.set()
         await self.channel.aclose()
