@@ -27,10 +27,18 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+#: pytest-timeout's default for a test (pyproject.toml); one given more is a long one.
+DEFAULT_TIMEOUT: Final = 60
+
+
 def _runs_long(item: pytest.Item) -> bool:
-    """Real-process tests (marked ``server``) and hypothesis searches: a few seconds to a minute
-    each, where most of the others take milliseconds."""
+    """Real-process tests (marked ``server``), tests given more than the default timeout and
+    hypothesis searches: a few seconds to a minute each, where most of the others take
+    milliseconds."""
     if item.get_closest_marker("server") is not None:
+        return True
+    timeout = item.get_closest_marker("timeout")
+    if timeout is not None and timeout.args and timeout.args[0] > DEFAULT_TIMEOUT:
         return True
     return bool(getattr(getattr(item, "obj", None), "is_hypothesis_test", False)) or (
         item.cls is not None and item.name == "runTest"  # a hypothesis RuleBasedStateMachine
