@@ -33,7 +33,7 @@ TEST_WORKERS ?= 8
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS))
 
 # COVERAGE=1 measures branch coverage, subprocesses included (about a third more CPU), but for
-# the servers the `load` tests start (tests/conftest.py). CI runs it (`make coverage`).
+# the servers the `load` tests start (tests/conftest.py). CI does not yet: .ci/run says why.
 RUN_PYTEST = $(if $(COVERAGE),$(BIN)/coverage run -m pytest,$(BIN)/python -m pytest)
 
 test: $(STAMP)
