@@ -64,7 +64,8 @@ OLDEST := .venv-oldest
 OLDEST_STAMP := $(OLDEST)/.installed-stamp
 OLDEST_TESTS := tests/serve tests/asgi tests/real_servers tests/reliability/test_zero_loss.py
 OLDEST_TOOLS := 'pytest>=8.2' 'pytest-xdist>=3.6' 'anyio>=4.4' 'asgi-lifespan>=2.1' 'pytest-timeout>=2.3' \
-	'hypothesis>=6.100' 'uvicorn[standard]' hypercorn fastapi websockets 'granian>=2.0'
+	'hypothesis>=6.100' 'uvicorn[standard]' hypercorn fastapi websockets 'granian>=2.0' \
+	opentelemetry-sdk
 OLDEST_WARNINGS := -W 'ignore:Please use `import python_multipart` instead.:PendingDeprecationWarning' \
 	-W 'ignore:websockets.:DeprecationWarning'
 
@@ -72,7 +73,7 @@ $(OLDEST_STAMP): pyproject.toml .ci/oldest-constraints.txt
 	$(PYTHON) -m venv $(OLDEST)
 	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
 	$(OLDEST)/bin/python -m pip install --quiet -c .ci/oldest-constraints.txt \
-		-e '.[postgres,metrics]' $(OLDEST_TOOLS)
+		-e '.[postgres,metrics,otel]' $(OLDEST_TOOLS)
 	touch $(OLDEST_STAMP)
 
 test-oldest: $(OLDEST_STAMP)

@@ -23,6 +23,7 @@ from forgezero_lifecycle.asgi._types import Message, Receive, Scope, Send
 from forgezero_lifecycle.client import drain_request as client_drain_request
 from forgezero_lifecycle.runtime import Runtime
 from forgezero_lifecycle.testing import settle
+from tests._starlette_routes import needs_route_in_scope
 
 pytestmark = pytest.mark.anyio
 
@@ -92,6 +93,7 @@ async def installed() -> AsyncIterator[tuple[Runtime, httpx.AsyncClient, Blockin
         yield runtime, client, release
 
 
+@needs_route_in_scope()
 async def test_status_names_route_template_never_raw_path() -> None:
     """A drain's status names a blocking request by method and route template: the ids and the
     query of its raw path never appear."""
@@ -134,6 +136,7 @@ async def test_status_without_token_names_nothing() -> None:
         await request
 
 
+@needs_route_in_scope()
 async def test_mounted_route_named_by_its_template() -> None:
     """A route inside a Mount is named by its own template, its parameters unfilled."""
     async with installed() as (runtime, client, release):
@@ -187,6 +190,7 @@ async def test_at_most_five_oldest_first() -> None:
         await asyncio.gather(*requests)
 
 
+@needs_route_in_scope()
 async def test_websocket_session_named() -> None:
     """A WebSocket session a drain waits for is named by kind and route template."""
     release = Blocking()
@@ -282,6 +286,7 @@ def test_route_template_refuses_what_is_no_template() -> None:
     assert route_template(None) is None
 
 
+@needs_route_in_scope()
 async def test_hypercorn_request_named_with_its_age(hypercorn: Any) -> None:
     """Under a real hypercorn, an HTTP/1 request served unwrapped (hypercorn's own stream) is
     named with the age hypercorn records for it, its query left out."""

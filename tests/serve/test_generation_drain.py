@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests._starlette_routes import needs_route_in_scope
+
 from .conftest import AUTH, StartSupervised, Supervised
 
 pytestmark = pytest.mark.server
@@ -218,6 +220,7 @@ def test_current_drain_any_worker(start_supervised: StartSupervised) -> None:
         assert len(response.json()["detail"]["workers"]) == 2
 
 
+@needs_route_in_scope()
 def test_status_names_the_oldest_requests_of_every_worker(
     start_supervised: StartSupervised,
 ) -> None:
