@@ -36,6 +36,10 @@ RECYCLES: Final = 2
 RECYCLE_BOUND: Final = 60.0
 SCALE_PATH: Final = "/.forgezero/runtime/supervisor/v1/scale"
 STATUS_PATH: Final = "/.forgezero/runtime/supervisor/v1/status"
+#: How long the load runs before an event (a freeze, a signal, a request) and after it: the
+#: load must be under way when the event comes and still sending when its effect lands. These
+#: windows are the behaviour under test (requests through the event), not waits for a state.
+UNDER_LOAD: Final = 1.0
 
 
 def _start(
@@ -155,12 +159,12 @@ async def test_frozen_worker_is_replaced_then_killed(
     clients = Pinned(served.url, 30)
     async with anyio.create_task_group() as group:
         group.start_soon(clients.run)
-        await anyio.sleep(1.0)
+        await anyio.sleep(UNDER_LOAD)
         os.kill(frozen, signal.SIGSTOP)
         frozen_at = time.monotonic()
         await _wait_log(served, "supervisor.replacement_done generation=1 kind=unresponsive", 30)
         replaced_in = time.monotonic() - frozen_at
-        await anyio.sleep(2.0)
+        await anyio.sleep(2 * UNDER_LOAD)  # the frozen worker is killed in this window
         clients.stopping.set()
     log = served.log()
     assert f"supervisor.worker_unresponsive worker 0 (pid {frozen})" in log, log
@@ -203,7 +207,7 @@ async def test_ttin_ttou_and_scale_request(
     load = _load(served, seed=43)
     async with anyio.create_task_group() as group:
         group.start_soon(load.run)
-        await anyio.sleep(1.0)
+        await anyio.sleep(UNDER_LOAD)
         served.signal(signal.SIGTTIN)
         await _wait_log(served, "supervisor.replacement_done generation=1 kind=scale-up", 60)
         assert len(served.workers()) == 3
@@ -227,7 +231,7 @@ async def test_ttin_ttou_and_scale_request(
             assert floor.status_code == 409
             assert floor.json()["error"] == "RUNTIME_SCALE_REFUSED"
             status = (await http.get(STATUS_PATH, headers=AUTH)).json()
-        await anyio.sleep(1.0)
+        await anyio.sleep(UNDER_LOAD)
         load.stop()
     await _close(load)
     assert status["size"] == 1
