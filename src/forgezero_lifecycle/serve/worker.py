@@ -140,6 +140,10 @@ class WorkerAgent:
                 # Plain HTTP even when the shared listeners are TLS: the next generation fetches
                 # the state export from it over loopback http (:mod:`.state_transfer`).
                 await _uvicorn.accept_on(self.server, [self.private], tls=False)
+                if self.tally is not None:
+                    # Ready: a sibling told to accept before this one acts on it (its loop
+                    # busy, on a loaded machine) leaves it its share of a burst from now on.
+                    self.tally.publish(0)
                 self.notify_state(
                     StateReport(
                         "ready",
