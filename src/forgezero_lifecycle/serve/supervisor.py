@@ -498,6 +498,8 @@ class Supervisor:
                 self._spawn(self._later(delay, m.ReplaceDue(number, index, a)))
             case m.Accept(generation=number, indexes=indexes, whole=whole):
                 await self._accept(self._generations[number], indexes, whole=whole)
+            case m.Prove(generation=number):
+                self._on(m.ProofSettled(number, proved=True))
             case m.StopAccepting(generation=number):
                 generation = self._generations[number]
                 await asyncio.gather(*(w.command("stop_accepting") for w in generation.workers))
