@@ -797,10 +797,12 @@ class Supervisor:
     def _kill(
         self, generation: Generation, indexes: tuple[int, ...], *, unresponsive: bool = False
     ) -> None:
-        why = "unresponsive" if unresponsive else "not stopped in time"
         for index in indexes:
             worker = generation.workers[index]
             worker.retiring = worker.retiring or unresponsive
+            why = "unresponsive" if unresponsive else "not stopped in time"
+            if not unresponsive and worker.report == "booting":
+                why += ", still booting (importing its app or running its lifespan startup)"
             if not worker.exited.is_set():
                 logger.error("supervisor.worker_killed %s: %s", worker.name, why)
                 worker.signal(signal.SIGKILL)
