@@ -179,7 +179,7 @@ def test_handover_waits_until_new_generation_answers(
         assert len(blocks) == 2, f"the new workers' blocks had not ended: {blocks}\n{served.log()}"
         served.wait_for(lambda: len(served.workers()) == 2, "the old generation gone")
     assert set(served.workers()).isdisjoint(old)
-    assert "supervisor.generation_proved generation=2" in served.log()
+    assert "supervisor.new_generation_ready generation=2" in served.log()
     _check_old_answered_during_blocks(clients, old, blocks)
     served.signal(signal.SIGTERM)
     assert served.wait_exit() == 0, served.log()

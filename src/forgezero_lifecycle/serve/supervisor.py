@@ -695,9 +695,9 @@ class Supervisor:
                 generation.pids,
                 where,
             )
-        else:
+        else:  # ready once it proved it serves (:meth:`_prove`)
             logger.info(
-                "supervisor.new_generation_ready generation=%d pids=%s",
+                "supervisor.new_generation_accepting generation=%d pids=%s: it proves it serves",
                 generation.number,
                 generation.pids,
             )
@@ -743,8 +743,9 @@ class Supervisor:
             self._on(m.ProofSettled(generation.number, proved=False, why=why))
             return
         logger.info(
-            "supervisor.generation_proved generation=%d seconds=%.2f",
+            "supervisor.new_generation_ready generation=%d pids=%s proved_in=%.2fs",
             generation.number,
+            generation.pids,
             time.monotonic() - began,
         )
         self._on(m.ProofSettled(generation.number, proved=True))
