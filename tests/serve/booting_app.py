@@ -5,7 +5,8 @@ Configured from the environment the tests set::
     FZB_MARKERS         directory; each worker writes ``<pid>.importing`` as its import begins,
                         and appends ``startup`` and ``shutdown`` to ``<pid>.lifespan`` as its
                         lifespan runs them
-    FZB_IMPORT_SECONDS  how long the import takes (seconds)
+    FZB_IMPORT_SECONDS  how long the import takes at most (seconds): it ends earlier once the
+                        file ``release`` exists in FZB_MARKERS
     FZB_SHUTDOWN_SECONDS  how long its lifespan shutdown takes (seconds)
 """
 
@@ -20,7 +21,10 @@ from forgezero_lifecycle.asgi._types import Receive, Scope, Send
 
 _MARKERS = Path(os.environ["FZB_MARKERS"])
 (_MARKERS / f"{os.getpid()}.importing").touch()
-time.sleep(float(os.environ.get("FZB_IMPORT_SECONDS", "0")))
+_importing_until = time.monotonic() + float(os.environ.get("FZB_IMPORT_SECONDS", "0"))
+# The import ends when the test says (``release`` in the markers), or after FZB_IMPORT_SECONDS.
+while time.monotonic() < _importing_until and not (_MARKERS / "release").exists():
+    time.sleep(0.02)
 
 
 def _mark(what: str) -> None:

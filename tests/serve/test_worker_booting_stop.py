@@ -23,7 +23,8 @@ APP: Final = "tests.serve.booting_app:app"
 
 
 def _start(start_supervised: StartSupervised, markers: Path, seconds: float) -> Supervised:
-    """Both workers importing (``seconds`` each); their lifespan shutdown takes 0.5 s."""
+    """Both workers importing (``seconds`` each at most: until ``release`` exists in
+    ``markers``); their lifespan shutdown takes 0.5 s."""
     env = {
         "FZB_MARKERS": str(markers),
         "FZB_IMPORT_SECONDS": str(seconds),
@@ -42,8 +43,12 @@ def test_stop_during_import_exits_cleanly(
     started; none is killed; the supervisor exits 1 (the generation never served)."""
     markers = tmp_path / "markers"
     markers.mkdir()
-    served = _start(start_supervised, markers, 1.5)
+    served = _start(start_supervised, markers, 60)
     served.signal(signal.SIGTERM)
+    # The imports end once the supervisor has taken the signal (and sent each worker its stop,
+    # in the same turn of its loop), well inside the stop's short bound, on any machine.
+    served.wait_log("supervisor.signal signal=SIGTERM")
+    (markers / "release").touch()
     assert served.wait_exit() == 1
     log = served.log()
     assert "supervisor.stopped drain=not-started exit=1" in log
