@@ -21,7 +21,7 @@ def test_status_names_slow_request_route(
     template and age; its query never appears."""
     monkeypatch.setenv("FORGEZERO_CONTROL_TOKEN", CONTROL_TOKEN)
     served = start_serve()
-    served.in_background("/slow?seconds=3&customer=c-918273")
+    served.in_background("/held?customer=c-918273")  # in flight until released below
     served.wait_admitted()
     nonce = new_nonce()
     revisions = ("--source-revision", REVISION_A, "--target-revision", REVISION_B)
@@ -29,11 +29,12 @@ def test_status_names_slow_request_route(
     assert begun.code == 0, begun
     shown = run(capsys, "status", "--url", served.url, f"--nonce={nonce}")
     assert shown.code == 4  # still draining
-    assert "oldest: GET /slow " in shown.out
+    assert "oldest: GET /held " in shown.out
     as_json = run(capsys, "status", "--url", served.url, f"--nonce={nonce}", "--json")
     [item] = json.loads(as_json.out)["detail"]["oldestInFlight"]
-    assert (item["kind"], item["method"], item["route"]) == ("http", "GET", "/slow")
+    assert (item["kind"], item["method"], item["route"]) == ("http", "GET", "/held")
     assert isinstance(item["ageMs"], int)  # to the second: the Date uvicorn gave the request
     assert "c-918273" not in shown.out + as_json.out
     assert run(capsys, "rollback", "--url", served.url, f"--nonce={nonce}").code == 0
+    served.get("/_test/release")
     served.join()

@@ -88,9 +88,7 @@ def test_gave_up_waiting_exits_4(
 ) -> None:
     """`--wait-timeout` shorter than the work: exit 4, and the drain goes on to drained."""
     served = start_serve()
-    # The request outlives the 0.2 s wait by 2.8 s: on a loaded machine the CLI's own start
-    # took over a second, and a request that ended first let the drain finish in time.
-    served.in_background("/slow?seconds=3")
+    served.in_background("/held")  # in flight until released below, however slow the CLI is
     served.wait_admitted()
     nonce = new_nonce()
     result = run(
@@ -105,6 +103,7 @@ def test_gave_up_waiting_exits_4(
     )
     assert result.code == 4, result
     assert "gave up waiting" in result.err
+    served.get("/_test/release")
     served.join()
     assert run(capsys, "status", "--url", served.url, "--nonce=" + nonce).code == 0
 
