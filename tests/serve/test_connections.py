@@ -380,3 +380,47 @@ async def test_request_crossing_the_idle_close_is_refused(http: str, used: bool)
     assert b"connection: close" in head.lower(), crossing
     assert body == b'{"error":"RUNTIME_DRAINING"}', crossing
     assert seen == (["/first"] if used else [])  # the crossing request never reached the app
+
+
+class _GoneTransport(asyncio.Transport):
+    """A transport whose client reset the connection before the server's loop read the reset:
+    ``shutdown(SHUT_WR)`` then fails with ENOTCONN. Seen from outside (uvicorn logging
+    "Exception in ASGI application" at a close) but not reproduced on demand with a real socket
+    (the loop reads the reset first), so the transport is made to fail here."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted = False
+        self.protocol: asyncio.BaseProtocol | None = None
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.protocol = protocol
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        raise OSError(107, "Transport endpoint is not connected")
+
+    def abort(self) -> None:
+        self.aborted = True
+        if self.protocol is not None:
+            self.protocol.connection_lost(None)
+
+
+async def test_linger_on_a_reset_connection_aborts_quietly() -> None:
+    """The lingering close of a connection its client has reset does not raise into the code
+    that closed it: the transport is aborted, and the close is over."""
+    stop = ConnectionStop(first_byte_grace=1.0)
+    transport = _GoneTransport()
+    lost: list[Exception | None] = []
+
+    class Owner(asyncio.Protocol):
+        def connection_lost(self, exc: Exception | None) -> None:
+            lost.append(exc)
+
+    stop.linger(transport, Owner())
+    await asyncio.wait_for(stop.wait_lingering(), 5)
+    await asyncio.sleep(0)  # the owner is told on the next turn
+    assert transport.aborted
+    assert lost == [None]

@@ -185,10 +185,15 @@ class ConnectionStop:
         self._lingering.add(done)
         done.add_done_callback(self._lingering.discard)
         transport.set_protocol(_Lingering(transport, done))
-        if transport.can_write_eof():
-            transport.write_eof()  # after the write buffer is flushed
-        else:
+        if not transport.can_write_eof():
             transport.close()
+        else:
+            try:
+                transport.write_eof()  # after the write buffer is flushed
+            except OSError:
+                # The client is gone already (its reset not read yet: ENOTCONN): nothing is
+                # left to deliver, and the error must not reach the app that closed.
+                transport.abort()
         loop.call_soon(owner.connection_lost, None)
 
     async def wait_lingering(self) -> None:
