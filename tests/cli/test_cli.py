@@ -75,11 +75,12 @@ def test_no_wait_status_rollback(
 def test_failed_drain_exits_1(start_serve: StartServe, capsys: pytest.CaptureFixture[str]) -> None:
     """A drain that misses its deadline ends failed: exit 1, the original's code printed."""
     served = start_serve()
-    served.in_background("/slow?seconds=2")
+    served.in_background("/held")  # outlives the 200 ms deadline whatever the CLI's start takes
     served.wait_admitted()
     result = run(capsys, "drain", "--url", served.url, *REVISIONS, "--timeout", "200ms")
     assert result.code == 1, result
     assert "failure=RUNTIME_DRAIN_TIMEOUT" in result.out
+    served.get("/_test/release")
     served.join()
 
 

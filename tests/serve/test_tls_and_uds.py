@@ -324,6 +324,7 @@ def _cli(*arguments: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.timeout(120)  # three supervisors, a reload and five CLI processes: 60 s was short
 def test_control_commands_reach_serve_on_a_unix_socket_and_tls(
     tmp_path: Path, supervised: Callable[..., Supervised]
 ) -> None:
