@@ -1,12 +1,14 @@
 """Shared test configuration: every async test runs on asyncio; under pytest-xdist the longest
 tests start first, and at most :data:`LOAD_SLOTS` tests that send a user's load (marked
-``load``) run at once."""
+``load``) run at once. ``FORGEZERO_TEST_CPU=PATH`` appends each test's CPU seconds to PATH (its
+own process's, and its reaped subprocesses'): where the suite's time goes."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
+import resource
 import tempfile
 import time
 from collections.abc import Iterator
@@ -72,12 +74,26 @@ def _load_servers_untraced(request: pytest.FixtureRequest, monkeypatch: pytest.M
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    """A ``load`` test waits for a free slot before anything of it runs (outside its timeout)."""
-    if item.get_closest_marker("load") is None:
+    """A ``load`` test waits for a free slot before anything of it runs (outside its timeout);
+    with ``FORGEZERO_TEST_CPU`` set, each test's CPU is written (:func:`_cpu_report`)."""
+    with contextlib.ExitStack() as stack:
+        if item.get_closest_marker("load") is not None:
+            stack.enter_context(_load_slot(Path(os.environ[_SLOTS_DIRECTORY])))
+        cpu_report = os.environ.get("FORGEZERO_TEST_CPU")
+        if cpu_report:
+            stack.enter_context(_cpu_report(Path(cpu_report), item.nodeid))
         yield
-        return
-    with _load_slot(Path(os.environ[_SLOTS_DIRECTORY])):
-        yield
+
+
+@contextlib.contextmanager
+def _cpu_report(path: Path, nodeid: str) -> Iterator[None]:
+    """Append ``CPU-SELF CPU-CHILDREN NODEID`` for the test run inside (its reaped
+    subprocesses count, with their own reaped children)."""
+    before = _cpu_seconds()
+    yield
+    after = _cpu_seconds()
+    with path.open("a") as out:  # one short append per line: the workers' lines do not mix
+        out.write(f"{after[0] - before[0]:.3f} {after[1] - before[1]:.3f} {nodeid}\n")
 
 
 @contextlib.contextmanager
@@ -97,3 +113,9 @@ def _load_slot(directory: Path) -> Iterator[None]:
                 os.close(descriptor)  # releases the lock
             return
         time.sleep(0.05)  # every slot is taken: another process's load test ends soon
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, reaped.ru_utime + reaped.ru_stime

@@ -77,6 +77,22 @@ async def slow(request: Request) -> Response:
     return JSONResponse({"slept": seconds})
 
 
+#: Released by ``/_test/release``: what ``/held`` waits for (a request that lasts exactly as long
+#: as a test needs, whatever the machine's load).
+released = asyncio.Event()
+
+
+async def held(request: Request) -> Response:
+    await released.wait()
+    state.count += 1
+    return JSONResponse({"held": True})
+
+
+async def release(request: Request) -> Response:
+    released.set()
+    return JSONResponse({"released": True})
+
+
 async def stream(request: Request) -> Response:
     """A first chunk at once, the last one after ``seconds``: a response that spans a drain."""
     seconds = float(request.query_params.get("seconds", "1"))
@@ -97,8 +113,10 @@ app = Starlette(
     routes=[
         Route("/fast", fast),
         Route("/slow", slow),
+        Route("/held", held),
         Route("/stream", stream),
         Route("/_test/counters", counters),
+        Route("/_test/release", release),
     ]
 )
 runtime.install(app)

@@ -48,7 +48,7 @@ def test_no_wait_status_rollback(
 ) -> None:
     """`--no-wait` returns at once; `status` says draining (4); `rollback` serves again (0)."""
     served = start_serve()
-    served.in_background("/slow?seconds=1.5")
+    served.in_background("/held")  # in flight until released below, however slow each call is
     served.wait_admitted()
     nonce = new_nonce()
     begun = run(capsys, "drain", "--url", served.url, *REVISIONS, "--nonce=" + nonce, "--no-wait")
@@ -68,6 +68,7 @@ def test_no_wait_status_rollback(
     serving = run(capsys, "status", "--url", served.url)
     assert serving.code == 1
     assert "no drain is running" in serving.err
+    served.get("/_test/release")
     served.join()
 
 

@@ -22,7 +22,7 @@ REFUSAL = {"error": "RUNTIME_DRAINING"}
 def test_sigterm_drains_exits_0(start_serve: StartServe) -> None:
     """The slow request admitted before SIGTERM completes; new ones get 503; exit code 0."""
     served = start_serve("tests.cli.apps:app", "--drain-timeout", "10s")
-    slow = served.in_background("/slow?seconds=1.5")
+    slow = served.in_background("/held")  # in flight until released below
     served.wait_admitted()
     served.signal(signal.SIGTERM)
     served.wait_for(lambda: served.get("/.forgezero/runtime/ready").status_code == 503, "not ready")
@@ -30,6 +30,7 @@ def test_sigterm_drains_exits_0(start_serve: StartServe) -> None:
     assert refused.status_code == 503
     assert refused.json() == REFUSAL
     assert refused.headers["connection"] == "close"
+    served.get("/_test/release")
     assert served.wait_exit() == 0
     served.join()
     assert isinstance(slow[0], httpx.Response)

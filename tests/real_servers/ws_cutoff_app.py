@@ -8,7 +8,8 @@ Run as the user would (uvicorn, hypercorn) or under ``forgezero-lifecycle serve`
     FORGEZERO_NOTICE_SPREAD          the runtime's stream_notice_spread, in seconds (0 unless set)
 
 ``/push`` sends 64 KiB binary messages as fast as the connection takes them and never calls
-``receive()``: a client that does not read fills every buffer and blocks the send. ``/ticks``
+``receive()``: a client that does not read fills every buffer and blocks the send (the app then
+prints ``push.blocked`` on stderr, once per connection). ``/ticks``
 sends a short text message every ``interval`` seconds (query parameter, default 0.02) and never
 calls ``receive()`` either. The library's loggers go to stderr.
 """
@@ -43,11 +44,31 @@ runtime = Runtime(
 )
 
 
+#: A send of ``/push`` still pending after this long, while the loop ran, waits on a full buffer.
+_BLOCKED_AFTER = 0.3
+
+
 async def push(websocket: WebSocket) -> None:
+    """Sends until a send blocks (said once on stderr: ``push.blocked``), and on."""
     await websocket.accept()
-    while True:
-        await websocket.send_bytes(_CHUNK)
-        await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    sent_at = loop.time()
+
+    async def tell_when_blocked() -> None:
+        # This task runs on the same loop: a send pending this long while it ran is not waiting
+        # for the CPU, but for the client to read.
+        while loop.time() - sent_at < _BLOCKED_AFTER:  # noqa: ASYNC110 - the app's own clock
+            await asyncio.sleep(0.05)
+        print("push.blocked", file=sys.stderr, flush=True)
+
+    watch = asyncio.create_task(tell_when_blocked())
+    try:
+        while True:
+            await websocket.send_bytes(_CHUNK)
+            sent_at = loop.time()
+            await asyncio.sleep(0)
+    finally:
+        watch.cancel()
 
 
 async def ticks(websocket: WebSocket) -> None:

@@ -15,6 +15,7 @@ import os
 import random
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final, final
 
@@ -22,7 +23,18 @@ import anyio
 import anyio.abc
 import httpx
 
-__all__ = ["REFUSAL", "Attempt", "HttpLoad", "LateSenders", "RequestRecord", "Router", "Target"]
+from forgezero_lifecycle.stop.server import FIRST_BYTE_GRACE
+
+__all__ = [
+    "REFUSAL",
+    "Attempt",
+    "HttpLoad",
+    "LateSenders",
+    "RequestRecord",
+    "Router",
+    "Target",
+    "refused_before",
+]
 
 REFUSAL: Final = b'{"error":"RUNTIME_DRAINING"}'
 KINDS: Final = ("fast", "slow", "stream", "post")
@@ -110,6 +122,9 @@ class RequestRecord:
     kind: str
     attempts: list[Attempt] = field(default_factory=list)
     done_at: float = 0.0
+    #: A late sender's: seconds its connection really stayed silent after the connect (its
+    #: ``lateness``, and whatever its loop lagged on a loaded machine).
+    silent: float = 0.0
 
     @property
     def outcome(self) -> str:
@@ -270,17 +285,19 @@ class LateSenders:
             sequence += 1
             record = RequestRecord(f"late{self.seed}c{number}n{sequence}", "fast")
             self.records.append(record)
-            outcome = await self._attempt(record.id, rng.random() * self.lateness)
+            outcome = await self._attempt(record, rng.random() * self.lateness)
             record.attempts.append(Attempt(self.label, outcome))
             record.done_at = time.monotonic()
             if outcome == "connect-refused":
                 await anyio.sleep(RETRY_PAUSE)
 
-    async def _attempt(self, request_id: str, lateness: float) -> str:
+    async def _attempt(self, record: RequestRecord, lateness: float) -> str:
+        request_id = record.id
         try:
             stream = await anyio.connect_tcp(self.host, self.port)
         except OSError:
             return "connect-refused"
+        connected = time.monotonic()
         request = (
             f"GET /fast HTTP/1.1\r\nhost: {self.host}\r\nx-request-id: {request_id}\r\n"
             "connection: close\r\n\r\n"
@@ -289,6 +306,7 @@ class LateSenders:
         try:
             async with stream:
                 await anyio.sleep(lateness)
+                record.silent = time.monotonic() - connected
                 if _closed_under(stream):
                     # What a client sees before it sends, as on a refused connection: nothing
                     # went out, so it may send again (httpx looks the same way before it reuses
@@ -305,6 +323,20 @@ class LateSenders:
         except (OSError, anyio.BrokenResourceError) as error:
             return f"error:{type(error).__name__}:{error} after {len(answer)} bytes"
         return _judge_raw(self.label, request_id, bytes(answer))
+
+
+def refused_before(records: Iterable[RequestRecord], moment: float) -> list[RequestRecord]:
+    """The requests refused (503 or a refused connection) before ``moment`` that the stop's
+    promise covers: all but those of a late sender whose connection stayed silent longer than
+    the first-byte grace (its own loop lagged: the server closes such a connection by design,
+    docs/serve.md "Stopping")."""
+    return [
+        r
+        for r in records
+        if r.outcome in ("refused", "connect-refused")
+        and r.done_at < moment
+        and r.silent <= FIRST_BYTE_GRACE
+    ]
 
 
 def _closed_under(stream: anyio.abc.SocketStream) -> bool:

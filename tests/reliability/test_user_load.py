@@ -34,12 +34,14 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from forgezero_lifecycle.stop.server import FIRST_BYTE_GRACE
 from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, popen_logged
 from tests.serve.conftest import alive
 from tests.serve.test_foreign import _children as children
 from tests.serve.test_foreign_handover import _workers
 from tests.serve.test_handover import HANDOFF_TOKEN, LABEL, _merged, revision
 
+from ._load import refused_before
 from ._records import ServerRecords
 from ._rows import DEADLINE, ROWS, Row
 from ._soak import report
@@ -158,9 +160,8 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
         **verdict.counts(),
         "requests": len(everything),
         "http2_requests": load.http2_requests,
-        "refused_before_stop": sum(
-            r.outcome in refusals and r.done_at < signalled for r in everything
-        ),
+        "refused_before_stop": len(refused_before(everything, signalled)),
+        "silent_past_grace": sum(r.silent > FIRST_BYTE_GRACE for r in everything),
         "lost_before_stop": sum(
             r.outcome != "ok" and r.outcome not in refusals and r.done_at < signalled
             for r in everything
@@ -181,8 +182,7 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
         # When each request refused before the final SIGTERM ended, and how.
         "refused_early": [
             f"{r.id} {r.outcome} {r.done_at - signalled:+.2f} s"
-            for r in everything
-            if r.outcome in refusals and r.done_at < signalled
+            for r in refused_before(everything, signalled)
         ][:10],
         "exit_code": exit_code,
         "log": log_path.read_text()[-3000:],

@@ -12,6 +12,7 @@ Configured from the environment the tests set (the library reads none)::
                     ``one-fails``: the first is ready at once, the others fail their startup
                     3.5 s later
 
+``/slow`` sleeps ``seconds``, or waits until the file ``until`` exists in ``FZW_RECORDS``.
 ``/busy`` spends about 1 ms of CPU and answers the worker's PID (not recorded).
 
 Records: ``started``, ``draining``, ``settled <state>`` (drained, failed, rolled-back),
@@ -125,8 +126,17 @@ async def pid(request: Request) -> Response:
 
 
 async def slow(request: Request) -> Response:
+    """``seconds`` long (default 1), or, with ``until=NAME``, until the file NAME exists in the
+    records directory (a request held exactly as long as a test needs, on any machine)."""
     record("admitted", "/slow")
-    await asyncio.sleep(float(request.query_params.get("seconds", "1")))
+    until = request.query_params.get("until")
+    if until is None:
+        await asyncio.sleep(float(request.query_params.get("seconds", "1")))
+    else:
+        released = Path(os.environ.get("FZW_RECORDS", "/tmp"), until)
+        # Polled (a stat, microseconds): another process makes the file.
+        while not released.exists():  # noqa: ASYNC110, ASYNC240
+            await asyncio.sleep(0.02)
     return JSONResponse({"pid": os.getpid()})
 
 

@@ -88,6 +88,7 @@ def _assert_spread(shares: Counter[int], workers: list[int], served: Supervised)
 
 @pytest.mark.server
 @pytest.mark.load
+@pytest.mark.timeout(180)  # three fresh servers, each started and stopped: ~15 s each when quiet
 def test_burst_at_startup(start_supervised: StartSupervised) -> None:
     """Right after the first answer, the burst lands on both workers, each ≥ 30 %, every round
     (each round a fresh server)."""

@@ -4,6 +4,7 @@ real uvicorn servers where an upgrade is involved)."""
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import time
 from collections.abc import Callable
@@ -295,8 +296,9 @@ async def test_handover_waits_for_a_request_not_read_yet(http: str) -> None:
 
 
 async def test_handover_wait_ends_when_idle_connections_close() -> None:
-    """A connection that stays silent through the first-byte grace is closed, and the
-    handover's wait ends with it (it does not wait for the drain's deadline)."""
+    """A connection that stays silent through the first-byte grace is closed (after the
+    refusal a request crossing the close would read), and the handover's wait ends with it (it
+    does not wait for the drain's deadline)."""
     config = uvicorn.Config(_hello, lifespan="off", log_level="warning")
     config.load()
     stop = ConnectionStop(first_byte_grace=0.2)
@@ -313,9 +315,68 @@ async def test_handover_wait_ends_when_idle_connections_close() -> None:
         stop.begin(connections, websockets=False)
         await asyncio.wait_for(stop.wait_moved(), 10)
         client.settimeout(10)
-        assert client.recv(1) == b""  # closed by the grace's end: EOF
+        closed = await asyncio.to_thread(_read_to_eof, client)  # by the grace's end: EOF
         client.close()
     finally:
         server.should_exit = True
         await asyncio.wait_for(serving, 15)
         listener.close()
+    assert closed.startswith(b"HTTP/1.1 503 "), closed
+
+
+def _send_after_the_close(port: int, *, first: bytes) -> tuple[bytes, bytes]:
+    """A client whose request crosses the server's close: it sends ``first`` (if any) and reads
+    its answer, waits until the server has closed the idle connection (its bytes are readable),
+    then sends a request without looking (a pooled connection taken just before the FIN came)
+    and reads to EOF. Returns the first answer and what the crossing request got."""
+    with socket.create_connection(("127.0.0.1", port)) as client:
+        client.settimeout(10)
+        answer = b""
+        if first:
+            client.sendall(first)
+            while not answer.endswith(b"hello"):
+                answer += client.recv(65536)
+        readable, _, _ = select.select([client], [], [], 10)
+        assert readable, "the server never closed the idle connection"
+        client.sendall(b"GET /crossing HTTP/1.1\r\nhost: x\r\n\r\n")
+        return answer, _read_to_eof(client)
+
+
+@pytest.mark.parametrize("used", [True, False], ids=["kept-alive", "fresh"])
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+async def test_request_crossing_the_idle_close_is_refused(http: str, used: bool) -> None:
+    """The first-byte grace ends on a silent connection just as its client sends (the race of
+    every keep-alive close): the client reads a 503 refusal, with ``Connection: close``, as
+    its answer (safe to retry: the app never saw the request), not a bare disconnect (lost)."""
+    seen: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(scope["path"])
+        await _hello(scope, receive, send)
+
+    config = uvicorn.Config(app, http=http, lifespan="off", log_level="warning")
+    config.load()
+    stop = ConnectionStop(first_byte_grace=0.2)
+    config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
+    server = uvicorn.Server(config)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    try:
+        await _until(lambda: server.started)
+        first = b"GET /first HTTP/1.1\r\nhost: x\r\n\r\n" if used else b""
+        client = asyncio.create_task(asyncio.to_thread(_send_after_the_close, port, first=first))
+        connections = server.server_state.connections
+        await _until(lambda: bool(connections) and (not used or seen == ["/first"]))
+        stop.begin(connections)
+        answer, crossing = await asyncio.wait_for(client, 15)
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 15)
+        listener.close()
+    assert answer.endswith(b"hello") if used else answer == b""
+    head, _, body = crossing.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 "), crossing
+    assert b"connection: close" in head.lower(), crossing
+    assert body == b'{"error":"RUNTIME_DRAINING"}', crossing
+    assert seen == (["/first"] if used else [])  # the crossing request never reached the app

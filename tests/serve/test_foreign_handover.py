@@ -35,8 +35,9 @@ import httpx
 import pytest
 
 from forgezero_lifecycle._internals.uvicorn import reload_waits_for_ready
+from forgezero_lifecycle.stop.server import FIRST_BYTE_GRACE
 from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, popen_logged
-from tests.reliability._load import HttpLoad, LateSenders, Router, Target
+from tests.reliability._load import HttpLoad, LateSenders, Router, Target, refused_before
 from tests.reliability._records import ServerRecords
 from tests.reliability._soak import report, scale
 from tests.reliability._verify import judge, judge_stop
@@ -241,7 +242,7 @@ async def final_stop_under_load(
     ]
     fresh = LateSenders(url, LABEL, clients=FRESH_CLIENTS, seed=seed, lateness=FRESH_LATENESS)
     exit_code: int | None = None
-    signalled = exited = 0.0
+    signalled = exited = reloaded = 0.0
     try:
         with anyio.fail_after(60):
             while not await _live(url):
@@ -255,6 +256,7 @@ async def final_stop_under_load(
             first = _workers(process.pid)
             seen |= first
             process.send_signal(signal.SIGHUP)
+            reloaded = time.monotonic()
             if stop_a_starting_worker:
                 with anyio.fail_after(30):
                     while not _workers(process.pid) - first:  # noqa: ASYNC110 - /proc
@@ -295,13 +297,14 @@ async def final_stop_under_load(
     per_pid = ServerRecords.per_pid(records)
     all_records = [r for load in loads for r in load.records] + fresh.records
     verdict = judge_stop(all_records, _merged(per_pid))
-    refusals = ("refused", "connect-refused")
+    refused = refused_before(all_records, signalled)
     return {
         **verdict.counts(),
         "requests": len(all_records),
-        "refused_before_stop": sum(
-            r.outcome in refusals and r.done_at < signalled for r in all_records
-        ),
+        "refused_before_stop": len(refused),
+        # Which, how, and when (seconds after the reload's SIGHUP), for the failure's message.
+        "refused_before": [(r.id, r.outcome, round(r.done_at - reloaded, 2)) for r in refused[:10]],
+        "silent_past_grace": sum(r.silent > FIRST_BYTE_GRACE for r in fresh.records),
         "after_stop": sum(r.done_at >= signalled for r in all_records),
         "stop_seconds": round(exited - signalled, 2),
         "problems": verdict.problems[:10],

@@ -43,7 +43,7 @@ def test_handover_span_with_generation_drain_child(
     assert handover["status"] == "UNSET"
     assert handover["attributes"]["forgezero.handover.state"] == "done"
     assert handover["attributes"]["forgezero.handover.to_generation"] == 2
-    steps = ["start generation", "accept", "stop accepting", "start grace", "begin drain"]
+    steps = ["start generation", "accept", "prove", "stop accepting", "start grace", "begin drain"]
     assert handover["events"][: len(steps)] == steps, handover["events"]
     assert "stop workers" in handover["events"]
     assert drains[1]["parent_id"] == handover["span_id"]

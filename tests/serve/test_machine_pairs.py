@@ -1,19 +1,20 @@
 """Every reachable (place, event) pair of the supervisor's machine, reached by a search.
 
-The search makes the moves of :class:`~tests.serve.test_supervisor_machine.Play` (the world
-that plays the I/O layer, with its checks after every step) from the first generation's start,
-fewest disturbances first, never twice from one state. What bounds it is the number of *disturbances* a
-sequence holds: a progress move is free (a worker that was started reports ready with the
-app's usual state kind, a worker told to stop exits, a drain reports begun or settles drained,
-the grace is over, the state is handed, the queue is emptied, a replacement's pause is over);
-every other move (a reload, a signal, a scaling, a crash, a timeout, a refusing state kind, an
-orchestrator's drain or rollback, a failed drain) costs one. Each configuration is searched
-exhaustively within its bound: one worker a generation (scaled to two at most) with up to three
-disturbances, with and without a state adapter, and two workers (the first generation's
-private drains need a worker ready while another starts) with up to two, one of them without
-a handoff token (every state refused); at most two generations. Within these bounds the search reaches every pair the table allows, save those
-named and argued in :data:`~tests.serve.test_supervisor_machine.UNREACHABLE`, and none of
-those; it also reaches the abort of a handover whose new generation refuses the state.
+The search makes the moves of :class:`~tests.serve.test_supervisor_machine.Play` (the world that
+plays the I/O layer, with its checks after every step) from the first generation's start, fewest
+disturbances first, never twice from one state. What bounds it is the number of *disturbances* a
+sequence holds: a progress move is free (a worker that was started reports ready with the app's
+usual state kind, a worker told to stop exits, a drain reports begun or settles drained, a
+handover's new generation proves it serves, the grace is over, the state is handed, the queue is
+emptied, a replacement's pause is over); every other move (a reload, a signal, a scaling, a crash,
+a timeout, a refusing state kind, an orchestrator's drain or rollback, a failed drain or proof)
+costs one. Each configuration is searched exhaustively within its bound: one worker a generation
+(scaled to two at most) with up to three disturbances, with and without a state adapter, and two
+workers (the first generation's private drains need a worker ready while another starts) with up to
+two, one of them without a handoff token (every state refused); at most two generations. Within
+these bounds the search reaches every pair the table allows, save those named and argued in
+:data:`~tests.serve.test_supervisor_machine.UNREACHABLE`, and none of those; it also reaches the
+abort of a handover whose new generation refuses the state.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def _free(play: Play, move: Move) -> bool:
         case "exit":
             return processes[args] not in ("starting", "ready", "accepting")
         case "drain_settles":
+            return bool(args[1])
+        case "proof_settles":
             return bool(args[1])
         case _:
             return name in (

@@ -34,6 +34,8 @@ KINDS: Final = ("fast", "fast", "fast", "post", "stream", "slow")
 #: The recycles the load waits for (at most :data:`RECYCLE_BOUND` seconds).
 RECYCLES: Final = 2
 RECYCLE_BOUND: Final = 60.0
+#: The keep-alive clients of the recycling check under load (each pinned to its connection).
+PINNED_CLIENTS: Final = 50
 SCALE_PATH: Final = "/.forgezero/runtime/supervisor/v1/scale"
 STATUS_PATH: Final = "/.forgezero/runtime/supervisor/v1/status"
 #: How long the load runs before an event (a freeze, a signal, a request) and after it: the
@@ -49,26 +51,33 @@ def _start(
     return served
 
 
-def _load(served: Supervised, seed: int) -> HttpLoad:
-    router = Router(Target.open(LABEL, served.url, CLIENTS + 10))
-    router.standby = Target.open(LABEL, served.url, CLIENTS + 10)  # the same port
-    return HttpLoad(router, clients=CLIENTS, seed=seed, think=0.005, kinds=KINDS)
+def _load(served: Supervised, seed: int, clients: int = CLIENTS) -> HttpLoad:
+    router = Router(Target.open(LABEL, served.url, clients + 10))
+    router.standby = Target.open(LABEL, served.url, clients + 10)  # the same port
+    return HttpLoad(router, clients=clients, seed=seed, think=0.005, kinds=KINDS)
 
 
 def _recycled(served: Supervised) -> int:
     return served.log().count("supervisor.replacement_done generation=1 kind=recycle")
 
 
-async def _recycle_under_load(served: Supervised, tmp_path: Path, seed: int) -> dict[str, object]:
-    """The load for :data:`LOAD_SECONDS`, and on until :data:`RECYCLES` workers were recycled
+async def _recycle_under_load(
+    served: Supervised,
+    tmp_path: Path,
+    seed: int,
+    *,
+    clients: int = CLIENTS,
+    recycles: int = RECYCLES,
+) -> dict[str, object]:
+    """The load for :data:`LOAD_SECONDS`, and on until ``recycles`` workers were recycled
     (a busy machine serves fewer requests a second)."""
-    load = _load(served, seed=seed)
+    load = _load(served, seed=seed, clients=clients)
     async with anyio.create_task_group() as group:
         group.start_soon(load.run)
         await anyio.sleep(LOAD_SECONDS)
         await anyio.to_thread.run_sync(
             lambda: served.wait_for(
-                lambda: _recycled(served) >= RECYCLES, "recycled twice", RECYCLE_BOUND
+                lambda: _recycled(served) >= recycles, f"recycled {recycles}", RECYCLE_BOUND
             )
         )
         load.stop()
@@ -87,14 +96,17 @@ async def _recycle_under_load(served: Supervised, tmp_path: Path, seed: int) -> 
 async def test_recycling_under_load_loses_nothing(
     start_supervised: StartSupervised, tmp_path: Path
 ) -> None:
-    """``--workers 2 --max-requests 400 --max-requests-jitter 100`` under 30 pinned keep-alive
-    clients, no SIGHUP: workers are recycled one at a time, 0 lost, 0 refused."""
+    """``--workers 2 --max-requests 400 --max-requests-jitter 100`` under 50 pinned keep-alive
+    clients, no SIGHUP, until six workers have served (four recycles): workers are recycled one
+    at a time, 0 lost, 0 refused."""
     served = _start(
         start_supervised, tmp_path, "--max-requests", "400", "--max-requests-jitter", "100"
     )
-    counts = await _recycle_under_load(served, tmp_path, seed=41)
-    assert counts["pids_answering"] > 2, counts
-    assert counts["recycled"] >= 1, counts
+    counts = await _recycle_under_load(
+        served, tmp_path, seed=41, clients=PINNED_CLIENTS, recycles=4
+    )
+    assert counts["pids_answering"] >= 6, counts
+    assert counts["refused"] == 0, counts
     report("supervisor-recycling", workers=2, **counts)
 
 

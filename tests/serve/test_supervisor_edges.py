@@ -211,8 +211,9 @@ def test_stop_after_replacement_missed_its_start(
     margin of 1 s for the kill to land inside it if the timer were the stop's."""
     mode_file, env = _handover_flags(tmp_path, "slow-stop")
     served = start_supervised(
-        # 6 s, not 1 s: the first generation's two imports must fit in it on a busy machine.
-        "--start-timeout", "6s", "--drain-timeout", "20s", workers=2, env=env
+        # 12 s, not 1 s: the first generation's two imports must fit in it on a busy machine
+        # (6 s did not, under make test-oldest beside other runs).
+        "--start-timeout", "12s", "--drain-timeout", "20s", workers=2, env=env
     )  # fmt: skip
     victim, survivor = served.workers()
     mode_file.write_text(hangs)  # read by the replacement's import

@@ -8,11 +8,11 @@ world saw, not against the machine's own records.
 
 The world models each timer as belonging to what set it: a stop timer to its stop (a timeout
 names its timer, and kills only the workers that stop still waits for), a worker's start timer
-to its start (it runs until the worker is ready or gone, a stop meanwhile notwithstanding), the
-grace to its handover's switch, a replacement's pause to the exit it follows. It models the
-app's state adapters as several kinds, and a handoff token set or not, so a new generation may
-refuse the state (the handover aborts); and an orchestrator's drain through a worker's private
-port while the first generation starts.
+to its start (it runs until the worker is ready or gone, a stop meanwhile notwithstanding), a
+proof to its handover's switch (it reports once, proved or not), the grace to that proof, a
+replacement's pause to the exit it follows. It models the app's state adapters as several kinds,
+and a handoff token set or not, so a new generation may refuse the state (the handover aborts);
+and an orchestrator's drain through a worker's private port while the first generation starts.
 
 300 sequences of up to 60 steps in the normal run (about 10 s), thousands under
 ``FORGEZERO_SOAK=1`` (``make soak``). Every (place, event) pair reached is recorded (a place is
@@ -48,8 +48,8 @@ WORKERS: Final = st.integers(1, 3)
 
 EVENTS: Final = (
     m.Reload, m.StopSignal, m.WorkerReady, m.WorkerExited, m.StartTimeout, m.StartFailed,
-    m.ReplaceDue, m.GraceOver, m.DrainBegun, m.DrainRolledBack, m.DrainSettled, m.StateHanded,
-    m.QueueEmptied, m.StopTimeout, m.LimitReached, m.WorkerUnresponsive, m.Scale,
+    m.ReplaceDue, m.GraceOver, m.ProofSettled, m.DrainBegun, m.DrainRolledBack, m.DrainSettled,
+    m.StateHanded, m.QueueEmptied, m.StopTimeout, m.LimitReached, m.WorkerUnresponsive, m.Scale,
 )  # fmt: skip
 PLACES: Final = {
     "starting": m.Phase.STARTING,
@@ -62,11 +62,23 @@ PLACES: Final = {
 #: produce it (``test_machine_pairs.py`` reaches every other pair the table allows, and none of
 #: these; the random sequences reach none of these either).
 UNREACHABLE: Final = {
-    # The grace is asked for only at the switch, which makes the step proving; proving ends only
-    # with that grace's GraceOver (``_grace_over``) or with the stop (then stopping). A handover
-    # begins only after the previous one ended, so no other grace is pending.
+    # The proof is asked for only at the switch, which makes the step proving (``_switch``), and
+    # reports once; step proving ends before its grace only with the proof (proved: the grace
+    # starts, still proving; not proved: the abort) or with the stop (then stopping for good),
+    # never by another abort (``_start_failed`` aborts only while n starts). A handover begins
+    # only after the previous one ended, so no other proof is pending.
     **{
-        (f"handing-over/{step}", "GraceOver"): "the grace starts and ends step proving"
+        (f"handing-over/{step}", "ProofSettled"): "the proof starts and ends in step proving"
+        for step in m.Step
+        if step is not m.Step.PROVING
+    },
+    ("serving", "ProofSettled"): "a handover ends before its proof is in only by the stop",
+    # The grace is asked for only once n proved it serves (``_proof_settled``), in step proving;
+    # proving then ends only with that grace's GraceOver (``_grace_over``) or with the stop (then
+    # stopping): a proved handover is not aborted. A handover begins only after the previous
+    # one ended, so no other grace is pending.
+    **{
+        (f"handing-over/{step}", "GraceOver"): "the grace starts and ends in step proving"
         for step in m.Step
         if step is not m.Step.PROVING
     },
@@ -121,6 +133,8 @@ class World:
     drains: set[int] = field(default_factory=set)
     echoes: set[int] = field(default_factory=set)
     graces: set[int] = field(default_factory=set)
+    #: Generations whose proof that they serve runs (a handover's n, once it accepts).
+    proofs: set[int] = field(default_factory=set)
     handoffs: set[int] = field(default_factory=set)
     #: Pending stop timers: timer → (generation, the workers it stops, a kill by it allowed for
     #: a worker that took work: the stop's full bound or a forced stop).
@@ -150,7 +164,7 @@ class World:
     self_draining: set[int] = field(default_factory=set)
     #: Drains an orchestrator began (it may roll them back).
     external: set[int] = field(default_factory=set)
-    #: The generations holding admitted work when the stop began.
+    #: The generations holding admitted work when the stop began (an abandoned n aside).
     stop_generations: set[int] = field(default_factory=set)
     #: Each generation's workers when it started.
     sizes: dict[int, int] = field(default_factory=dict)
@@ -161,12 +175,19 @@ class World:
     #: Workers that left a generation serving on (recycled, scaled down): each drains on its
     #: own bound, whatever its generation does meanwhile.
     handed_over: set[tuple[int, int]] = field(default_factory=set)
+    #: Handovers' new generations abandoned (not proved): their workers hand over and drain.
+    abandoned: set[int] = field(default_factory=set)
 
     def accepting(self) -> set[int]:
         return {g for g in self.accepted if g not in self.closed and self.alive(g)}
 
     def alive(self, generation: int) -> bool:
         return any(g == generation for g, _ in self.processes)
+
+
+def _proving(machine: m.SupervisorMachine) -> bool:
+    """A handover's n accepts and proves it serves, while g serves on (before the proof)."""
+    return machine.step is m.Step.PROVING and machine.current != machine.new
 
 
 @dataclass
@@ -223,7 +244,8 @@ class Play:
         assert not isinstance(rule, Impossible), f"the world reported {event} in {place}"
         before = self.machine.phase
         was_stopping = self.machine.phase in (m.Phase.STOPPING, m.Phase.STOPPED)
-        starting_from = self.machine.old if self.machine.step is m.Step.STARTING else None
+        unswitched = self.machine.step is m.Step.STARTING or _proving(self.machine)
+        starting_from = self.machine.old if unswitched else None
         actions = self.machine.handle(event)
         if isinstance(rule, Stale):
             assert actions == []
@@ -251,6 +273,8 @@ class Play:
             for generation in world.accepted:
                 if world.alive(generation) and generation not in world.settled:
                     draining = world.drains | began_draining | world.self_draining
+                    # An abandoned n: each of its workers hands over and drains on its own bound.
+                    draining |= world.abandoned
                     assert generation in draining, (generation, actions)
         for action in actions:
             match action:
@@ -278,6 +302,10 @@ class Play:
                     world.accepted.add(g)
                     if action.whole:
                         world.settled.pop(g, None)
+                case m.Prove(generation=g, indexes=indexes):
+                    for index in indexes:
+                        assert world.processes.get((g, index)) == "accepting", (g, index, action)
+                    world.proofs.add(g)
                 case m.StopAccepting(generation=g):
                     world.closed.add(g)
                     world.machine_closed.add(g)
@@ -314,6 +342,10 @@ class Play:
                             world.processes[(g, index)] = (
                                 "stopping-starting" if late else "stopping"
                             )
+                    if action.hand_over and g != self.machine.current:
+                        # An abandoned handover's n: every worker of it leaves, none joins it.
+                        world.abandoned.add(g)
+                        world.closed.add(g)
                     assert timer not in world.stop_timers
                     world.stop_timers[timer] = (g, indexes, force or not short)
                     if not short and not action.hand_over:
@@ -369,10 +401,13 @@ class Play:
                                 self.machine._stop_drains,
                             )
                     world.exit_code = code
-        # Two generations accept only inside a handover's switch: n first, then g stops.
-        assert len(world.accepting()) <= 1, (world.accepting(), actions)
+        # Two generations accept only while a handover proves n: n first, then g stops.
+        most = 2 if _proving(self.machine) else 1
+        assert len(world.accepting()) <= most, (world.accepting(), actions)
         if stopping_began:
-            world.stop_generations = {g for g in world.accepted if world.alive(g)}
+            # An abandoned n's workers left it, each drains on its own bound (as a recycled one).
+            alive = {g for g in world.accepted if world.alive(g)}
+            world.stop_generations = alive - world.abandoned
 
     def moves(self) -> list[tuple[str, tuple[Any, ...]]]:
         """Every event the world can report now: (the method that reports it, its arguments)."""
@@ -462,6 +497,14 @@ class Play:
     def grace_over(self, g: int) -> None:
         self.world.graces.discard(g)
         self.send(m.GraceOver(g))
+
+    def proofs(self) -> list[tuple[int, bool]]:
+        """The proofs running: each ends proved, or not in time (a worker silent or lost)."""
+        return [(g, proved) for g in sorted(self.world.proofs) for proved in (True, False)]
+
+    def proof_settles(self, g: int, proved: bool) -> None:
+        self.world.proofs.discard(g)
+        self.send(m.ProofSettled(g, proved, "" if proved else "worker 0 did not answer"))
 
     def echoes(self) -> list[tuple[int]]:
         """The drains the supervisor began, not reported begun yet."""
@@ -560,7 +603,7 @@ class Play:
             for g in machine.generations()
             if machine.generation_state(g) is m.GenerationState.SERVING
         ]
-        assert len(serving) <= 1, serving
+        assert len(serving) <= (2 if _proving(machine) else 1), serving
         # Stopped generations are forgotten.
         keep = {machine.current, machine.old, machine.new}
         for g in machine.generations():
@@ -588,6 +631,7 @@ MOVES: Final = (
     ("unresponsive", "watched"),
     ("scale", "scales"),
     ("stop_signal", "always"),
+    ("proof_settles", "proofs"),
     ("grace_over", "graces"),
     ("drain_begun", "echoes"),
     ("orchestrator_drains_early", "private_drains"),
@@ -671,6 +715,14 @@ class SupervisorMachineTest(RuleBasedStateMachine):
         if now == 0:  # rarer than the rest, so that sequences go on long enough to matter
             self.play.stop_signal()
 
+    @precondition(lambda self: bool(self.play.proofs()))
+    @rule(data=st.data(), proved=st.integers(0, 3))
+    def proof_settles(self, data: st.DataObject, proved: int) -> None:
+        """The new generation's workers answer after they accept (mostly), or not in time."""
+        self.play.proof_settles(
+            data.draw(st.sampled_from(sorted(self.play.world.proofs))), proved != 0
+        )
+
     @precondition(lambda self: bool(self.play.graces()))
     @rule(data=st.data())
     def grace_over(self, data: st.DataObject) -> None:
@@ -724,7 +776,8 @@ class SupervisorMachineTest(RuleBasedStateMachine):
 
     @rule(steps=st.integers(1, 8))
     def progress(self, steps: int) -> None:
-        """The happy path's next events: ready, grace over, drained, state handed, exited."""
+        """The happy path's next events: ready, drain begun, proved, grace over, drained, state
+        handed, queue emptied, exited, replacement due."""
         play, world = self.play, self.play.world
         for _ in range(steps):
             starting = play._starting()
@@ -733,6 +786,8 @@ class SupervisorMachineTest(RuleBasedStateMachine):
                 play.ready(*starting[0], KINDS[0] if play.kinds else None)
             elif world.echoes:
                 play.drain_begun(min(world.echoes))
+            elif world.proofs:
+                play.proof_settles(min(world.proofs), True)
             elif world.graces:
                 play.grace_over(min(world.graces))
             elif world.drains:
@@ -790,6 +845,7 @@ def test_thirty_handovers_forget() -> None:
     for number in range(2, 32):
         machine.handle(m.Reload())
         _ready(machine, number)
+        machine.handle(m.ProofSettled(number, proved=True))
         machine.handle(m.GraceOver(number - 1))
         machine.handle(m.DrainSettled(number - 1, drained=True))
         for index in range(2):

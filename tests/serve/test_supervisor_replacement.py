@@ -69,7 +69,8 @@ def test_recycling_pauses_during_a_handover() -> None:
     machine = _serving()
     machine.handle(m.Reload())
     machine.handle(m.WorkerReady(2, 0))
-    machine.handle(m.WorkerReady(2, 1))  # n accepts, g stops accepting
+    machine.handle(m.WorkerReady(2, 1))  # n accepts
+    machine.handle(m.ProofSettled(2, proved=True))  # n serves, g stops accepting
     assert machine.handle(m.LimitReached(2, 1, "max-requests")) == []
     assert machine.handle(m.LimitReached(1, 0, "max-requests")) == []
     machine.handle(m.GraceOver(1))

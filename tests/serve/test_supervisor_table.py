@@ -20,6 +20,7 @@ EVENTS: dict[str, m.Event] = {
     "StartFailed": m.StartFailed(2, "the revision could not be read"),
     "ReplaceDue": m.ReplaceDue(1, 0, 0),
     "GraceOver": m.GraceOver(1),
+    "ProofSettled": m.ProofSettled(2, proved=True),
     "DrainBegun": m.DrainBegun(1),
     "DrainRolledBack": m.DrainRolledBack(1),
     "DrainSettled": m.DrainSettled(1, drained=True),

@@ -87,6 +87,7 @@ from .._errors import ConnectionClosedByDrainError
 from .._race import first
 from ..core.gate import DrainMoment, IntakeGate
 from ..core.signal_drain import SignalDrain
+from ..wire._protocol import REFUSAL_BODY
 from ..wire.paths import CONTROL_PREFIX
 from . import _hypercorn
 from ._blocked import tasks_blocked_in
@@ -115,7 +116,6 @@ __all__ = ["InFlightMiddleware"]
 logger = logging.getLogger("forgezero_lifecycle.middleware")
 
 _new = object.__new__
-_REFUSAL_BODY: Final = b'{"error":"RUNTIME_DRAINING"}'
 _DISCONNECT: Final = {"type": "http.disconnect"}
 _TRY_AGAIN_LATER: Final = 1013
 _CLOSED: Final = "RUNTIME_DRAIN_CONNECTION_CLOSED"
@@ -201,7 +201,7 @@ class InFlightMiddleware:
         #: over HTTP/1 (the same, with Connection: close).
         self._refusal_headers_h2: Final = [
             (b"content-type", b"application/json"),
-            (b"content-length", str(len(_REFUSAL_BODY)).encode()),
+            (b"content-length", str(len(REFUSAL_BODY)).encode()),
             (b"retry-after", str(retry_after).encode()),
         ]
         self._refusal_headers: Final = [*self._refusal_headers_h2, CLOSE_HEADER]
@@ -410,7 +410,7 @@ class InFlightMiddleware:
             else self._refusal_headers
         )
         await send({"type": "http.response.start", "status": 503, "headers": headers})
-        await send({"type": "http.response.body", "body": _REFUSAL_BODY})
+        await send({"type": "http.response.body", "body": REFUSAL_BODY})
 
     def _is_cycle(self, cycle: object) -> bool:
         """Whether ``cycle`` (``send.__self__``) is a uvicorn request cycle; remembers its class,
@@ -632,7 +632,7 @@ class InFlightMiddleware:
                     "headers": self._refusal_headers,
                 }
             )
-            await send({"type": "websocket.http.response.body", "body": _REFUSAL_BODY})
+            await send({"type": "websocket.http.response.body", "body": REFUSAL_BODY})
         else:
             await send({"type": "websocket.close", "code": _TRY_AGAIN_LATER, "reason": "draining"})
 

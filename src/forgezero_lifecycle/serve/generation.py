@@ -88,7 +88,8 @@ class Generation:
         self._drained_by: list[WorkerHandle] = []
         #: Workers of the running drain replaced meanwhile: still shown in its status.
         self._lost: list[WorkerHandle] = []
-        self.controller = DrainController(_FanOut(self), revision=self.revision)
+        self._fan_out = _FanOut(self)
+        self.controller = DrainController(self._fan_out, revision=self.revision)
         # Each worker's open connections, so a burst spreads over them (stop.accepting): a slot
         # for each place a worker may take, with room for those replaced or added meanwhile.
         self._tally_slots = 2 * options.workers + 2
@@ -162,9 +163,13 @@ class Generation:
         return worker
 
     def close(self) -> None:
-        """Release what the generation holds (once forgotten: its workers are gone)."""
+        """Release what the generation holds (once forgotten: its workers are gone), and every
+        reference back to it, so that dropping it frees it at once (the cyclic collector would
+        take it back only at a full collection, rare in a long-lived supervisor)."""
         self.tally.close()
         self._tally_file.close()
+        self._fan_out.detach()
+        self.workers, self._drained_by, self._lost, self._acks = [], [], [], []
 
     def ready(self) -> None:
         """Every worker is ready: take the revision they agree on."""
@@ -308,30 +313,38 @@ class Generation:
 
 @final
 class _FanOut:
-    """The generation's drain dependencies: every call reaches every worker."""
+    """The generation's drain dependencies: every call reaches every worker. Once the
+    generation is forgotten (:meth:`detach`) it has no workers: nothing to reach or wait for."""
 
     __slots__ = ("_generation",)
 
     def __init__(self, generation: Generation) -> None:
-        self._generation = generation
+        self._generation: Generation | None = generation
+
+    def detach(self) -> None:
+        self._generation = None
 
     def drain_requests(self) -> None:
-        self._generation._drain_requests()
+        if self._generation is not None:
+            self._generation._drain_requests()
 
     def wait_for_requests(self) -> Coroutine[Any, Any, None]:
-        return self._generation.wait_drained()
+        return _nothing() if self._generation is None else self._generation.wait_drained()
 
     def stop_jobs(self, timeout_ms: int) -> Coroutine[Any, Any, None]:
         return _nothing()  # each worker's own drain waits for (or releases) its jobs
 
     def work_counters(self) -> WorkCounters:
+        if self._generation is None:
+            return WorkCounters(**dict.fromkeys(COUNTER_KINDS, 0))
         return self._generation.in_flight()
 
     def sleep(self, ms: int) -> Coroutine[Any, Any, None]:
         return asyncio.sleep(ms / 1000)
 
     def resume(self) -> None:
-        self._generation._resume()
+        if self._generation is not None:
+            self._generation._resume()
 
 
 async def _nothing() -> None:

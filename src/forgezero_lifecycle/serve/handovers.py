@@ -8,9 +8,9 @@ another reload follows.
 
 With ``opentelemetry-api`` installed (the ``[otel]`` extra) each handover is also a span
 ``forgezero.handover`` on the global tracer provider: one event per step the supervisor takes
-while it runs (``start generation``, ``accept``, ``stop accepting``, ``begin drain``...), and
-the drain of the generation it retires (the supervisor's drain over every worker) as its child
-``forgezero.drain`` (:mod:`forgezero_lifecycle.otel`).
+while it runs (``start generation``, ``accept``, ``prove``, ``stop accepting``, ``begin
+drain``...), and the drain of the generation it retires (the supervisor's drain over every
+worker) as its child ``forgezero.drain`` (:mod:`forgezero_lifecycle.otel`).
 """
 
 from __future__ import annotations

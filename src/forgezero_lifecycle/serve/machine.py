@@ -14,8 +14,10 @@ Phases (``g`` is the current generation, ``n`` the one a handover starts)::
        └──stop signal──────────────┴──stop signal───────┴──────────▶ stopping ──▶ stopped
 
 A handover's steps: ``starting`` (n's workers start and import the app, each within the start
-timeout) → ``proving`` (every worker of n is ready and can take g's state: n accepts, then g
-stops accepting; the handover grace lets g's keep-alive clients move over) → ``draining`` (g
+timeout) → ``proving`` (every worker of n is ready and can take g's state: n accepts and
+proves it serves while g serves on, within the start timeout, else the handover is abandoned;
+then g stops accepting and the handover grace lets g's keep-alive clients move over) →
+``draining`` (g
 drains under its deadline) → ``handing-state`` (only when the app has a state adapter: worker k
 of g to worker k of n) → ``stopping-old`` (g's workers stop) → serving.
 
@@ -56,7 +58,7 @@ Every (phase, event) pair (rendered from :data:`.table.TABLE`)::
           clients over and drains (full bound), or is killed if unresponsive; the next
           replacement begins
       handing-over: n all ready: the state refused → abort (n stops, g untouched), else n
-          accepts, g stops accepting, the grace starts; a replacement of the accepting
+          accepts and proves it serves while g serves on; a replacement of the serving
           generation accepts
       stopping: *stale*: every worker not ready when the stop began was told to stop then: its
           ready is late
@@ -99,6 +101,14 @@ Every (phase, event) pair (rendered from :data:`.table.TABLE`)::
       handing-over: proving: drain g (or follow an orchestrator's drain of g; a g with no worker
           left stops at once: done)
       stopping: *stale*: the grace of the handover the stop ended
+      stopped: *stale*: the supervisor has exited: a late report of one of its tasks
+    ProofSettled (proof settled (n serves, or not within the start timeout)):
+      starting: *impossible* (raises): only a handover's new generation is proved
+      serving: *stale*: the proof of a handover that ended before it was in
+      handing-over: proving: proved → n serves, g stops accepting, the grace starts (a worker of
+          n lost meanwhile is replaced); not in time → abandoned: n's workers hand their clients
+          back and drain on their own bound, g serves on untouched
+      stopping: *stale*: the proof of the handover the stop ended
       stopped: *stale*: the supervisor has exited: a late report of one of its tasks
     DrainBegun (drain begun):
       starting: *stale*: the first generation has not accepted: it holds no admitted work, and a
@@ -178,7 +188,7 @@ settled, its own drain's bound is over (a worker that left alone: recycled, scal
 stopped answering the heartbeat; a stop drains every generation that holds admitted work, all
 begun in the same step; no worker is started into a generation that stopped accepting; exit 0
 only when every generation that accepted drained; at most one generation accepts between steps
-(two only inside the handover's switch: n accepts before g stops); an aborted handover never
+(two only while a handover proves n: n accepts before g stops); an aborted handover never
 touches g; one worker replacement at a time, begun only while the generation serves alone, and
 the new worker accepts before the one it replaces stops accepting; a generation keeps 1 to
 :data:`MAX_WORKERS` workers.
@@ -226,6 +236,8 @@ __all__ = [
     "Kill",
     "LimitReached",
     "Phase",
+    "ProofSettled",
+    "Prove",
     "QueueEmptied",
     "Refused",
     "Reload",
@@ -358,6 +370,16 @@ class GraceOver:
 
 
 @dataclass(frozen=True, slots=True)
+class ProofSettled:
+    """The proof that a handover's new generation serves: every worker of it answered after it
+    began accepting (``proved``), or not within the start timeout (``why`` says which did not)."""
+
+    generation: int
+    proved: bool
+    why: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class DrainBegun:
     """A drain of the generation began (the supervisor's own, or an orchestrator's)."""
 
@@ -429,6 +451,7 @@ Event = (
     | StartFailed
     | ReplaceDue
     | GraceOver
+    | ProofSettled
     | DrainBegun
     | DrainRolledBack
     | DrainSettled
@@ -478,6 +501,15 @@ class Accept:
     indexes: tuple[int, ...]
     #: The whole generation begins to accept (else: replacements join it).
     whole: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Prove:
+    """Prove that the generation's workers serve now that they accept (each answers through its
+    own server after its accept), within the start timeout; report :class:`ProofSettled`."""
+
+    generation: int
+    indexes: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -631,6 +663,7 @@ Action = (
     | StartWorker
     | ScheduleReplacement
     | Accept
+    | Prove
     | StopAccepting
     | StartGrace
     | BeginDrain
@@ -881,6 +914,8 @@ class SupervisorMachine:
                 return self._replace_due(number, index, attempt)
             case GraceOver(generation=number):
                 return self._grace_over(number)
+            case ProofSettled(generation=number, proved=proved, why=why):
+                return self._proof_settled(number, proved, why)
             case DrainBegun(generation=number):
                 return self._drain_begun(number)
             case DrainRolledBack(generation=number):
@@ -947,8 +982,8 @@ class SupervisorMachine:
         self._due.clear()
         self.phase = Phase.STOPPING
         for number, generation in sorted(self._generations.items()):
-            if not generation.accepted:
-                continue
+            if not generation.accepted or number in self._aborted:
+                continue  # an abandoned n's workers each hand over and drain on their own bound
             # A replacement not ready yet holds no admitted work: it stops now, on its own timer.
             starting = tuple(
                 i for i, w in enumerate(generation.workers) if w is WorkerState.STARTING
@@ -1014,7 +1049,8 @@ class SupervisorMachine:
         return [Accept(generation.number, indexes, whole=whole)]
 
     def _switch(self) -> list[Action]:
-        """Every worker of n is ready: n accepts, g stops accepting (or the handover aborts)."""
+        """Every worker of n is ready: n accepts and proves it serves (or the handover aborts);
+        g serves on until the proof is in."""
         assert self.old is not None
         assert self.new is not None
         old, new = self._generations[self.old], self._generations[self.new]
@@ -1023,18 +1059,44 @@ class SupervisorMachine:
         if refusal is not None:
             return self._abort(f"generation {new.number} cannot take the state: {refusal}")
         self.step = Step.PROVING
-        actions = self._accept(new, new.live())
-        self.current = new.number
+        live = new.live()
+        return [*self._accept(new, live), Prove(new.number, live)]
+
+    def _proof_settled(self, number: int, proved: bool, why: str) -> list[Action]:
+        """n proved it serves: it is the one that serves, g stops accepting and the grace
+        starts. Not in time: the handover is abandoned, n's workers hand their clients back to
+        g and drain on their own bound, g serves on untouched."""
+        if self.step is not Step.PROVING or number != self.new or self.current == number:
+            return []  # the proof of a handover that ended, or one already in
+        assert self.old is not None
+        if not proved:
+            return self._abort(f"generation {number} did not prove it serves: {why}")
+        old, new = self._generations[self.old], self._generations[number]
+        self.current = number
         if old.state is GenerationState.SERVING:
             old.state = GenerationState.RETIRING
-        actions += [StopAccepting(old.number), StartGrace(old.number)]
+        actions: list[Action] = [StopAccepting(old.number), StartGrace(old.number)]
+        for index in new.members():  # one lost while it proved: replaced as n now serves
+            if new.workers[index] is WorkerState.EXITED:
+                actions += self._schedule_replacement(new, index)
         return actions
 
     def _abort(self, why: str) -> list[Action]:
         assert self._handover is not None
         assert self.new is not None
         self._aborted[self.new] = (self._handover, why)  # ended once n's workers are gone
-        actions = self._stop_generation(self.new, short=True)
+        new = self._generations[self.new]
+        if new.accepted:  # proving: each worker hands its clients back to g and drains alone
+            running = tuple(i for i, w in enumerate(new.workers) if w is WorkerState.ACCEPTING)
+            new.state = GenerationState.STOPPING
+            new.retired.update(running)
+            actions: list[Action] = (
+                [self._stop(new, running, short=False, hand_over=True)]
+                if running
+                else self._after_exit(new)
+            )
+        else:
+            actions = self._stop_generation(self.new, short=True)
         self.phase, self.step, self._handover = Phase.SERVING, None, None
         self.old = self.new = None
         return actions

@@ -32,10 +32,15 @@ believing the failed step was done).
 * **Handover** (SIGHUP): start generation g+1 on the same socket with the revision read now
   (``--revision-file`` / ``--revision-command``); if any of its workers fails to start or is not
   ready in time, stop g+1 (whose workers never accepted) and keep g serving untouched.
-  Otherwise g+1 accepts, then g's workers stop accepting and close their keep-alive connections
-  (each after its response in flight), and after ``--handover-grace`` g is drained (its jobs
-  released under their fences) and stopped. One handover at a time: a SIGHUP during one is
-  refused and logged.
+  Otherwise g+1 accepts alongside g and must prove it serves (:meth:`Supervisor._prove`): each
+  of its workers answers :data:`PROOF_PROBES` probes in a row through its own HTTP server after
+  its accept, each within :data:`PROBE_BOUND`, all within ``--start-timeout``. Not proved in
+  time (an event loop blocked right after the accept, a worker lost): the handover is abandoned
+  (``RUNTIME_HANDOVER_NOT_PROVED``), g+1's workers hand their clients back and drain on their
+  own bound, and g serves on untouched. Proved: g's workers stop accepting and close their
+  keep-alive connections (each after its response in flight), and after ``--handover-grace`` g
+  is drained (its jobs released under their fences) and stopped. One handover at a time: a
+  SIGHUP during one is refused and logged.
 * **Workers that die** while their generation serves are replaced (logged with the exit
   reason); never into a generation that stopped accepting, nor during the stop. A worker dying
   during a drain fails that drain; a worker not ready when the drain began is not part of it
@@ -108,9 +113,25 @@ FORCED_STOP_BOUND: Final = 2.0
 #: The longest pause between two heartbeats of a worker (``--worker-timeout``; half of it when
 #: that is shorter).
 HEARTBEAT_INTERVAL: Final = 1.0
+#: A handover's new worker proves it serves by answering this many probes in a row (through
+#: its own HTTP server, :meth:`~.worker_handle.WorkerHandle.probe`) after its accept, one every
+#: :data:`PROBE_INTERVAL`, each within :data:`PROBE_BOUND`: an event loop that blocks right
+#: after its accept fails one. The shared listener cannot be aimed at one process (the kernel
+#: hands a connection to whichever worker accepts first, the old generation's included), so
+#: each worker is asked on its private listener, which the same server and event loop answer.
+PROOF_PROBES: Final = 5
+PROBE_INTERVAL: Final = 0.1
+PROBE_BOUND: Final = 1.0
+#: The code of a handover abandoned because its new generation did not prove it serves.
+NOT_PROVED: Final = "RUNTIME_HANDOVER_NOT_PROVED"
 #: Unresponsive workers kept for ``supervisor/v1/status``.
 RECENT_UNRESPONSIVE: Final = 16
 _SCALE_SIGNALS: Final = {signal.SIGTTIN: 1, signal.SIGTTOU: -1}
+
+
+class _NotProvedError(Exception):
+    """A worker of a handover's new generation cannot prove it serves (it did not accept, or it
+    exited): the proof ends now (why: in the list the proof keeps)."""
 
 
 class SupervisorFailedError(RuntimeError):
@@ -498,6 +519,8 @@ class Supervisor:
                 self._spawn(self._later(delay, m.ReplaceDue(number, index, a)))
             case m.Accept(generation=number, indexes=indexes, whole=whole):
                 await self._accept(self._generations[number], indexes, whole=whole)
+            case m.Prove(generation=number, indexes=indexes):
+                self._spawn(self._prove(self._generations[number], indexes))
             case m.StopAccepting(generation=number):
                 generation = self._generations[number]
                 await asyncio.gather(*(w.command("stop_accepting") for w in generation.workers))
@@ -649,7 +672,13 @@ class Supervisor:
         workers = [generation.workers[index] for index in indexes]
         if not whole:  # a replacement: into the generation's drain first, if one holds it
             await asyncio.gather(*(generation.join_drain(worker) for worker in workers))
-        await asyncio.gather(*(worker.command("accept") for worker in workers))
+        answers = await asyncio.gather(*(worker.command("accept") for worker in workers))
+        for worker, answer in zip(workers, answers, strict=True):
+            worker.accepting = answer.get("ok") is True
+            if not worker.accepting:
+                logger.error(
+                    "supervisor.accept_refused %s code=%s", worker.name, answer.get("error")
+                )
         if self._options.worker_timeout is not None:
             for worker in workers:
                 self._spawn(self._heartbeat(worker))
@@ -666,12 +695,60 @@ class Supervisor:
                 generation.pids,
                 where,
             )
-        else:
+        else:  # ready once it proved it serves (:meth:`_prove`)
             logger.info(
-                "supervisor.new_generation_ready generation=%d pids=%s",
+                "supervisor.new_generation_accepting generation=%d pids=%s: it proves it serves",
                 generation.number,
                 generation.pids,
             )
+
+    async def _prove(self, generation: Generation, indexes: tuple[int, ...]) -> None:
+        """A handover's new generation accepts alongside the old one: prove that every worker
+        of it serves (see the module docstring) within the start timeout; report the outcome."""
+        bound = self._options.start_timeout
+        began = time.monotonic()
+        workers = [generation.workers[index] for index in indexes]
+        proved: set[int] = set()
+        gone: list[str] = []
+
+        async def prove(worker: WorkerHandle) -> None:
+            if not worker.accepting:
+                gone.append(f"{worker.name} did not accept")
+                raise _NotProvedError
+            in_a_row = 0
+            while in_a_row < PROOF_PROBES:
+                if worker.exited.is_set():
+                    gone.append(f"{worker.name} exited ({worker.exit_reason})")
+                    raise _NotProvedError
+                in_a_row = in_a_row + 1 if await worker.probe(PROBE_BOUND) else 0
+                await asyncio.sleep(PROBE_INTERVAL)
+            proved.add(worker.index)
+
+        try:
+            async with asyncio.timeout(bound), asyncio.TaskGroup() as group:
+                for worker in workers:
+                    group.create_task(prove(worker))
+        except (TimeoutError, ExceptionGroup) as error:
+            if isinstance(error, ExceptionGroup):
+                _, rest = error.split(_NotProvedError)
+                if rest is not None:
+                    raise rest from None  # a failure of the supervisor's own code
+            late = [w.name for w in workers if w.index not in proved and not w.exited.is_set()]
+            what = "; ".join(gone) or (
+                f"{', '.join(late)} did not answer through its server within {bound:g} s of "
+                "the accept"
+            )
+            why = f"{NOT_PROVED}: {what}"
+            logger.error("supervisor.proof_failed generation=%d: %s", generation.number, why)
+            self._on(m.ProofSettled(generation.number, proved=False, why=why))
+            return
+        logger.info(
+            "supervisor.new_generation_ready generation=%d pids=%s proved_in=%.2fs",
+            generation.number,
+            generation.pids,
+            time.monotonic() - began,
+        )
+        self._on(m.ProofSettled(generation.number, proved=True))
 
     async def _hand_state(
         self, old: Generation, new: Generation, pairs: tuple[tuple[int, int], ...]
@@ -721,10 +798,12 @@ class Supervisor:
     def _kill(
         self, generation: Generation, indexes: tuple[int, ...], *, unresponsive: bool = False
     ) -> None:
-        why = "unresponsive" if unresponsive else "not stopped in time"
         for index in indexes:
             worker = generation.workers[index]
             worker.retiring = worker.retiring or unresponsive
+            why = "unresponsive" if unresponsive else "not stopped in time"
+            if not unresponsive and worker.report == "booting":
+                why += ", still booting (importing its app or running its lifespan startup)"
             if not worker.exited.is_set():
                 logger.error("supervisor.worker_killed %s: %s", worker.name, why)
                 worker.signal(signal.SIGKILL)

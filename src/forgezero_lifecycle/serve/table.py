@@ -89,6 +89,7 @@ EVENTS: Final[Mapping[str, str]] = {
     "StartFailed": "start failed (revision unreadable)",
     "ReplaceDue": "replace due",
     "GraceOver": "grace over",
+    "ProofSettled": "proof settled (n serves, or not within the start timeout)",
     "DrainBegun": "drain begun",
     "DrainRolledBack": "drain rolled back",
     "DrainSettled": "drain settled",
@@ -149,8 +150,8 @@ TABLE: Final[Mapping[tuple[Phase, str], Rule]] = {
         "over and drains (full bound), or is killed if unresponsive; the next replacement begins"
     ),
     (_H, "WorkerReady"): Transition(
-        "n all ready: the state refused → abort (n stops, g untouched), else n accepts, g "
-        "stops accepting, the grace starts; a replacement of the accepting generation accepts",
+        "n all ready: the state refused → abort (n stops, g untouched), else n accepts and "
+        "proves it serves while g serves on; a replacement of the serving generation accepts",
         to=(_V,),
     ),
     (_T, "WorkerReady"): Stale(
@@ -214,6 +215,16 @@ TABLE: Final[Mapping[tuple[Phase, str], Rule]] = {
     ),
     (_T, "GraceOver"): Stale("the grace of the handover the stop ended"),
     (_X, "GraceOver"): _EXITED,
+    (_S, "ProofSettled"): Impossible("only a handover's new generation is proved"),
+    (_V, "ProofSettled"): Stale("the proof of a handover that ended before it was in"),
+    (_H, "ProofSettled"): Transition(
+        "proving: proved → n serves, g stops accepting, the grace starts (a worker of n lost "
+        "meanwhile is replaced); not in time → abandoned: n's workers hand their clients back "
+        "and drain on their own bound, g serves on untouched",
+        to=(_V,),
+    ),
+    (_T, "ProofSettled"): Stale("the proof of the handover the stop ended"),
+    (_X, "ProofSettled"): _EXITED,
     (_S, "DrainBegun"): Stale(_UNACCEPTED),
     (_V, "DrainBegun"): Transition(
         "g draining (an orchestrator's drain): a worker lost meanwhile is replaced and joins it"

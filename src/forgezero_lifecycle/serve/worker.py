@@ -19,6 +19,11 @@ leaves a queued one to a sibling that holds fewer (the generation's
 (:data:`~forgezero_lifecycle.serve.messages.COMMANDS`); a malformed command is answered
 ``RUNTIME_BAD_MESSAGE`` and changes nothing.
 
+A ``stop`` that comes while the worker still imports the app or runs its lifespan startup
+(booting) is remembered: once the import is over it does not serve, and once the startup is
+over it stops (its lifespan shutdown runs) without reporting ready. The supervisor kills a
+worker that is still booting when the stop's bound is over.
+
 Signals are the supervisor's to command. SIGINT (a terminal's Ctrl-C reaches the whole process
 group) and SIGTERM are blocked only until the worker's event loop runs: then its own handlers
 are installed (``serve_app`` installs none) and the signals are unblocked, before the app is
@@ -124,6 +129,8 @@ class WorkerAgent:
 
     def attach_server(self, server: uvicorn.Server) -> None:
         self.server = server
+        if self._stopping:
+            server.should_exit = True  # told to stop before its server was built
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.ensure_future(work)
@@ -137,9 +144,15 @@ class WorkerAgent:
         """Once uvicorn serves (startup and lifespan done): report ready."""
         while not serving.done():
             if self.server is not None and self.server.started:
+                if self._stopping:  # told to stop while it started: uvicorn stops it now
+                    return
                 # Plain HTTP even when the shared listeners are TLS: the next generation fetches
                 # the state export from it over loopback http (:mod:`.state_transfer`).
                 await _uvicorn.accept_on(self.server, [self.private], tls=False)
+                if self.tally is not None:
+                    # Ready: a sibling told to accept before this one acts on it (its loop
+                    # busy, on a loaded machine) leaves it its share of a burst from now on.
+                    self.tally.publish(0)
                 self.notify_state(
                     StateReport(
                         "ready",
@@ -174,8 +187,17 @@ class WorkerAgent:
         self.limits.stop()
         logger.info("worker.stopping worker=%d reason=%s", self.index, reason)
         if server is None or not server.started:
+            # Still starting, nothing admitted to drain: once uvicorn's startup (the app's
+            # lifespan startup) is over it stops instead of serving, and runs the lifespan's
+            # shutdown (:meth:`watch_startup` neither opens the private listener nor reports
+            # ready). A server not built yet is told as it is attached.
+            logger.info(
+                "worker.stopped_before_serving worker=%d: still starting; it stops once its "
+                "startup is over",
+                self.index,
+            )
             if server is not None:
-                server.should_exit = True  # still starting: nothing admitted to drain
+                server.should_exit = True
             return
         self._spawn(drain_then_stop(self.runtime, self.options.drain_timeout, server))
 
@@ -416,8 +438,13 @@ async def _serve(
         loop.add_signal_handler(signum, on_signal, signum)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _COMMANDED)
 
+    stopped_early: list[str] = []
+
     async def handle(message: dict[str, Any]) -> dict[str, Any] | None:
         if not agent_box:
+            if message.get("op") == "stop":  # remembered: it never serves
+                stopped_early.append("the supervisor stopped it while it imported the app")
+                return {"ok": True}
             return {"error": "RUNTIME_WORKER_BOOTING"}
         return await agent_box[0].handle(message)
 
@@ -430,6 +457,10 @@ async def _serve(
         logger.error("worker.start_failed worker=%d: %s", index, error)
         await asyncio.sleep(0.05)  # let the event leave before the process does
         return 2
+    if stopped_early:  # its lifespan never started: nothing to shut down
+        logger.info("worker.stopped_before_serving worker=%d: %s", index, stopped_early[0])
+        await channel.aclose()
+        return 0
     # A private loopback listener of this worker alone: the next generation's worker with the
     # same index fetches this one's state export from it during a handover.
     private = socket.create_server(("127.0.0.1", 0))

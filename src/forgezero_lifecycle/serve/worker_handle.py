@@ -3,6 +3,10 @@
 The worker process itself is :mod:`.worker`. A handle knows nothing of its generation: what
 happens to the process (ready, a report, its exit) goes to the callbacks it was given, and the
 control requests its worker forwards go to ``answer``.
+
+:meth:`WorkerHandle.probe` asks the worker's HTTP server itself (``GET`` of the live path on
+the worker's private loopback listener, which the same server and event loop answer as the
+shared listeners): a handover's proof that its new workers serve (:mod:`.supervisor`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Literal, final, get_args
 
+from ..wire import paths
 from .channel import Channel, ChannelClosedError, MessageTooLargeError
 from .messages import (
     COMMANDS,
@@ -40,6 +45,10 @@ Answer = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 #: Told when the supervisor's handler of a message from this worker raised:
 #: ``on_failure(worker, message, error)``.
 HandlerFailed = Callable[["WorkerHandle", dict[str, Any], Exception], None]
+#: The request of :meth:`WorkerHandle.probe` (any HTTP answer to it counts).
+_PROBE: Final = (
+    f"GET {paths.RUNTIME_LIVE_PATH} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n"
+).encode()
 #: What the drain report of the worker says (``booting`` until its first report).
 DrainReport = Literal["booting", "ready", "draining", "drained", "failed", "rolled-back"]
 _REPORTS: Final[dict[str, DrainReport]] = {name: name for name in get_args(DrainReport)}
@@ -102,6 +111,8 @@ class WorkerHandle:
         self.private_port = 0
         #: The nonce of the generation's drain this worker's reports must name (None: any).
         self.drain_nonce: str | None = None
+        #: It answered the supervisor's ``accept``: it accepts on the shared listeners.
+        self.accepting = False
 
     @property
     def report(self) -> DrainReport:
@@ -248,6 +259,26 @@ class WorkerHandle:
         if isinstance(answer.get("inFlight"), dict):
             self.in_flight = answer["inFlight"]
         return True
+
+    async def probe(self, timeout: float) -> bool:
+        """True when the worker's HTTP server answered a ``GET`` of the live path on its private
+        listener within ``timeout`` (its event loop runs and its server answers; any status
+        counts), False otherwise (no answer in time, refused, gone)."""
+        if self.exited.is_set() or not self.private_port:
+            return False
+        writer: asyncio.StreamWriter | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.private_port)
+                writer.write(_PROBE)
+                status = await reader.readline()
+                await reader.read()  # to its end: the server closes the connection first
+        except (OSError, TimeoutError):
+            return False
+        finally:
+            if writer is not None:
+                writer.close()
+        return status.startswith(b"HTTP/")
 
     def signal(self, signum: int) -> None:
         if self.process is not None and self.process.returncode is None:

@@ -89,7 +89,11 @@ def may_accept(mine: int, siblings: Sequence[int], deferred: float) -> bool:
 @final
 class Tally:
     """The open connections of each worker of one generation, in a file the processes map
-    (one signed 8-byte slot per worker; ``-1``: the worker does not accept).
+    (one signed 8-byte slot per worker; ``-1``: the worker does not accept). A worker of
+    ``serve --workers`` publishes 0 once it is ready, before it is told to accept: the sibling
+    that acts on the supervisor's ``accept`` first then leaves it its share of a burst instead
+    of taking the whole queue while it is still on its way (each connection deferred at most
+    ``DEFER_LIMIT``, as for any sibling).
 
     The supervisor :meth:`create` s it with the generation and passes its descriptor to every
     worker, which :meth:`attach` es to its slot. A count is written by its worker when it looks

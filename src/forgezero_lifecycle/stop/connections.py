@@ -12,6 +12,12 @@ destroy a response already written. :class:`ConnectionStop` replaces that with:
   ``Connection: close``), then the connection is closed; one that stays silent is closed at the
   end of the grace, unless bytes wait unread in its receive buffer then (a request the loop has
   not read yet: it is answered first);
+* a refusal before every close of a silent connection: a client may send its request at the
+  instant the server closes (the race of every keep-alive close: a pooled connection taken just
+  before the FIN arrives), and such a request would be lost, as a bare disconnect; so the
+  server writes a ``503 RUNTIME_DRAINING`` with ``Connection: close`` before its FIN, which a
+  client that sent reads as its answer (safe to retry: the request was never read) and a client
+  that did not send takes as the end of the connection (readable before reuse, as a FIN is);
 * a lingering close for every connection the server closes, stop or not: the transport sends
   its FIN after flushing what was written (``shutdown(SHUT_WR)``), then reads and discards until
   the client's FIN or ``LINGER_TIMEOUT``, and only then closes, so the client reads the whole
@@ -53,12 +59,22 @@ import termios
 from collections.abc import Iterable
 from typing import Any, Final, final
 
+from ..wire._protocol import REFUSAL_BODY
+
 __all__ = ["LINGER_TIMEOUT", "ConnectionStop", "zero_loss_protocol"]
 
 logger = logging.getLogger("forgezero_lifecycle.serve")
 
 #: How long a closed connection waits for the client's FIN before it is aborted.
 LINGER_TIMEOUT: Final = 2.0
+#: Written before the server closes a silent connection, for a request crossing the close.
+CROSSING_REFUSAL: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\n"
+    b"content-type: application/json\r\n"
+    b"content-length: %d\r\n"
+    b"retry-after: 1\r\n"
+    b"connection: close\r\n\r\n%s" % (len(REFUSAL_BODY), REFUSAL_BODY)
+)
 #: Added to the first-byte grace and the lingering close for the stop's bound on a connection
 #: with no response under way (:attr:`ConnectionStop.bound`): the answer to a last request.
 OVERDUE_MARGIN: Final = 1.0
@@ -157,6 +173,8 @@ class ConnectionStop:
                     self.first_byte_grace, self.close_if_idle, protocol
                 )
                 return
+            if not transport.is_closing() and _may_answer(protocol, transport):
+                transport.write(CROSSING_REFUSAL)
             transport.close()
         self.moved(protocol)
 
@@ -177,6 +195,12 @@ class ConnectionStop:
         """Wait until every lingering close has finished (each is bounded by its timeout)."""
         if self._lingering:
             await asyncio.wait(set(self._lingering))
+
+
+def _may_answer(protocol: Any, transport: asyncio.BaseTransport) -> bool:
+    """Whether an answer may be written on ``protocol``'s silent connection: not over TLS before
+    its first request (its handshake may not be done)."""
+    return protocol.cycle is not None or transport.get_extra_info("sslcontext") is None
 
 
 def _bytes_waiting(transport: asyncio.BaseTransport) -> bool:

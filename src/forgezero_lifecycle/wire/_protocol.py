@@ -22,6 +22,7 @@ __all__ = [
     "MAX_SAFE_INTEGER",
     "MIN_DRAIN_TIMEOUT_MS",
     "NONCE_PATTERN",
+    "REFUSAL_BODY",
     "REVISION_PATTERN",
     "DrainState",
     "deadline_ms",
@@ -30,6 +31,10 @@ __all__ = [
     "is_revision",
     "safe_int",
 ]
+
+#: The body of the 503 that refuses a request once intake is closed (the JavaScript generation's
+#: too), whoever sends it: the middleware, or ``serve``'s stop at the socket.
+REFUSAL_BODY: Final = b'{"error":"RUNTIME_DRAINING"}'
 
 DRAIN_PROTOCOL: Final = "forgezero-drain/v1"
 MIN_DRAIN_TIMEOUT_MS: Final = 100
