@@ -424,3 +424,54 @@ async def test_linger_on_a_reset_connection_aborts_quietly() -> None:
     await asyncio.sleep(0)  # the owner is told on the next turn
     assert transport.aborted
     assert lost == [None]
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+async def test_request_crossing_the_close_after_a_started_response_is_refused(http: str) -> None:
+    """A response that started before the stop cannot carry ``Connection: close``: its client
+    keeps the connection and may send its next request at once, crossing the close that follows
+    the response. That request reads a 503 refusal as its answer, not a bare disconnect."""
+    release = asyncio.Event()
+    seen: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(scope["path"])
+        headers = [(b"content-length", b"5")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await release.wait()
+        await send({"type": "http.response.body", "body": b"hello"})
+
+    config = uvicorn.Config(app, http=http, lifespan="off", log_level="warning")
+    config.load()
+    stop = ConnectionStop(first_byte_grace=30.0)
+    config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
+    server = uvicorn.Server(config)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+
+    def client() -> tuple[bytes, bytes]:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.settimeout(10)
+            sock.sendall(b"GET /first HTTP/1.1\r\nhost: x\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"hello"):
+                answer += sock.recv(65536)
+            sock.sendall(b"GET /crossing HTTP/1.1\r\nhost: x\r\n\r\n")  # kept alive, it thinks
+            return answer, _read_to_eof(sock)
+
+    try:
+        await _until(lambda: server.started)
+        reading = asyncio.create_task(asyncio.to_thread(client))
+        await _until(lambda: seen == ["/first"])
+        stop.begin(server.server_state.connections)  # the response has started
+        release.set()
+        answer, crossing = await asyncio.wait_for(reading, 15)
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 15)
+        listener.close()
+    assert b"connection: close" not in answer.lower(), answer  # it had started: no header
+    assert crossing.startswith(b"HTTP/1.1 503 "), crossing
+    assert crossing.endswith(b'{"error":"RUNTIME_DRAINING"}'), crossing
+    assert seen == ["/first"]

@@ -12,7 +12,8 @@ destroy a response already written. :class:`ConnectionStop` replaces that with:
   ``Connection: close``), then the connection is closed; one that stays silent is closed at the
   end of the grace, unless bytes wait unread in its receive buffer then (a request the loop has
   not read yet: it is answered first);
-* a refusal before every close of a silent connection: a client may send its request at the
+* a refusal before every close of a silent connection, and of one whose response had started
+  when the stop began (it went out without ``Connection: close``, so its client keeps it): a client may send its request at the
   instant the server closes (the race of every keep-alive close: a pooled connection taken just
   before the FIN arrives), and such a request would be lost, as a bare disconnect; so the
   server writes a ``503 RUNTIME_DRAINING`` with ``Connection: close`` before its FIN, which a
@@ -61,7 +62,7 @@ from typing import Any, Final, final
 
 from ..wire._protocol import REFUSAL_BODY
 
-__all__ = ["LINGER_TIMEOUT", "ConnectionStop", "zero_loss_protocol"]
+__all__ = ["LINGER_TIMEOUT", "ConnectionStop", "close_after_response", "zero_loss_protocol"]
 
 logger = logging.getLogger("forgezero_lifecycle.serve")
 
@@ -106,7 +107,7 @@ class ConnectionStop:
         _extend_for_stop(protocol, self)
         cycle = protocol.cycle
         if cycle is not None and not cycle.response_complete:
-            cycle.keep_alive = False  # close once this response is complete
+            close_after_response(protocol, cycle)
         else:
             self._unmoved.add(protocol)
             loop = asyncio.get_running_loop()
@@ -202,6 +203,16 @@ class ConnectionStop:
             await asyncio.wait(set(self._lingering))
 
 
+def close_after_response(protocol: Any, cycle: Any) -> None:
+    """``protocol``'s connection closes once ``cycle``'s response (under way) is complete; if its
+    head went out without ``Connection: close``, its client keeps the connection and may send the
+    next request at once, crossing that close: the refusal is written before it."""
+    cycle.keep_alive = False
+    transport = protocol.transport
+    if cycle.response_started and isinstance(transport, _LingeringTransport):
+        transport.refuse_on_close = True
+
+
 def _may_answer(protocol: Any, transport: asyncio.BaseTransport) -> bool:
     """Whether an answer may be written on ``protocol``'s silent connection: not over TLS before
     its first request (its handshake may not be done)."""
@@ -256,6 +267,9 @@ class _LingeringTransport(asyncio.Transport):
         self._transport = transport
         self._stop = stop
         self._closed = False
+        #: Write the crossing refusal before closing (a response the stop could not mark
+        #: ``Connection: close``: :meth:`ConnectionStop.arm`).
+        self.refuse_on_close = False
         # The calls made per request, bound once so they cost what the real ones cost;
         # is_closing is the real one's until this transport is closed (then always True).
         self.write = transport.write  # type: ignore[method-assign]
@@ -272,6 +286,8 @@ class _LingeringTransport(asyncio.Transport):
         if transport.is_closing():
             transport.close()
             return
+        if self.refuse_on_close:
+            transport.write(CROSSING_REFUSAL)
         self._stop.linger(transport, transport.get_protocol())
 
     def abort(self) -> None:

@@ -48,7 +48,7 @@ import uvicorn
 
 from .._internals import uvicorn as _uvicorn
 from ._proc import accepting_elsewhere, parent_holds
-from .connections import ConnectionStop, zero_loss_protocol
+from .connections import ConnectionStop, close_after_response, zero_loss_protocol
 from .sockets import ListeningSocket, accept_queue_length, refuse_new_connections
 
 __all__ = [
@@ -361,7 +361,7 @@ class ServerStop:
         for connection in list(self._server.server_state.connections):
             cycle = getattr(connection, "cycle", None)
             if cycle is not None and not cycle.response_complete:
-                cycle.keep_alive = False
+                close_after_response(connection, cycle)
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:
