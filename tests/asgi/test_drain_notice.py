@@ -10,6 +10,8 @@ long is left until the cutoff.
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -301,3 +303,47 @@ async def test_waiting_websocket_closes_itself() -> None:
         {"type": "websocket.close", "code": 1001, "reason": "going away"},
     ]
     assert gate.statistics().closed_at_grace == 0
+
+
+async def test_uvicorn_request_freed_without_collector(serve: Any) -> None:
+    """A request ended under uvicorn is freed as it ends, not left to the collector: its scope
+    holds the notice and the notice its cycle, whose scope it is, until the request ends."""
+    gate = IntakeGate()
+    cycles: list[weakref.ref[Any]] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        cycles.append(weakref.ref(send.__self__))
+        notice_of(scope)  # the notice is there while the request runs
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    gc.disable()
+    try:
+        serve(InFlightMiddleware(app, gate=gate), GET + GET)  # the second replaces the first
+        await settle()
+        assert len(cycles) == 2
+        assert cycles[0]() is None
+    finally:
+        gc.enable()
+
+
+async def test_wait_after_request_ended_returns_at_notice() -> None:
+    """A notice kept past the end of its request still answers: ``wait()`` returns at the
+    stream notice (no place in the spread is left to take) and ``deadline`` reads as before."""
+    gate = IntakeGate()
+    seen: list[Message] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        seen.append(scope)
+
+    await InFlightMiddleware(app, gate=gate)(
+        http_scope(), ASGIRecorder().receive, ASGIRecorder().send
+    )
+    notice = notice_of(seen[0])
+    waiting = asyncio.ensure_future(notice.wait())
+    gate.close()
+    await settle()
+    assert not waiting.done()
+    assert notice.draining
+    gate.end_streams()
+    await asyncio.wait_for(waiting, 1)

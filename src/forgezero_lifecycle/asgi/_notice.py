@@ -15,7 +15,10 @@ as every other request is.
 What one request pays for it is this object (one slot, made without an ``__init__`` call:
 :meth:`NoticeBoard.notice`) and, under a server whose scope has no ``extensions`` (uvicorn), one
 small dict: nothing is looked at until the handler reads it. The place in the spread is taken
-when ``wait()`` is first called (:meth:`NoticeBoard.listen`).
+when ``wait()`` is first called (:meth:`NoticeBoard.listen`). When the request ends the notice
+lets go of it: the request's object holds the scope and the scope the notice, so a notice that
+kept its request would leave every request's objects for the cyclic collector to free (a notice
+kept longer still answers: ``wait()`` returns at the stream notice, ``deadline`` reads as before).
 """
 
 from __future__ import annotations
@@ -106,7 +109,8 @@ class DrainNotice:
     #: Set on each board's subclass (:attr:`NoticeBoard.kind`).
     _board: NoticeBoard
     #: The request's own object: a server's request cycle or stream, or the middleware's
-    #: wrapped request or WebSocket session.
+    #: wrapped request or WebSocket session; None once the request has ended (the owner holds
+    #: the scope, which holds this notice: a reference cycle, else, for the collector to free).
     _owner: object
 
     async def wait(self) -> None:
@@ -114,9 +118,13 @@ class DrainNotice:
         comes first); at once when it has passed. Safe to call from any task, many times."""
         board = self._board
         gate = board.gate
-        board.listen(self._owner)
+        owner = self._owner
+        if owner is None:  # its request has ended: nothing left to end, no place in the spread
+            await gate.notice.wait()
+            return
+        board.listen(owner)
         await gate.notice.wait()
-        delay = board.delay(self._owner)
+        delay = board.delay(owner)
         if delay > 0 and not gate.cutoff.is_set():
             await first(asyncio.sleep(delay), gate.cutoff.wait())
 

@@ -263,6 +263,9 @@ class InFlightMiddleware:
                 if gate.draining:
                     settle(cycle)
             finally:
+                # The scope holds the notice and the cycle the scope: let go of the cycle, so
+                # that the request's objects are freed when it ends, not by the collector.
+                notice._owner = None
                 running.discard(cycle)
                 if gate.waiting_idle:
                     gate.released()
@@ -297,6 +300,7 @@ class InFlightMiddleware:
                 if gate.draining:
                     _hypercorn.settle(stream)
             finally:
+                notice._owner = None  # as under uvicorn: no cycle through the scope
                 running.discard(stream)
                 if type(stream.send) is DrainSend:
                     _hypercorn.release(stream)
@@ -312,7 +316,8 @@ class InFlightMiddleware:
             await self._refuse_http(scope, receive, send)
             return
         responder = _HttpResponder(gate, receive, send, scope)
-        _offer(scope, self._board.notice(responder))
+        notice = self._board.notice(responder)
+        _offer(scope, notice)
         wrapped = self._wrapped
         wrapped.add(responder)
         try:
@@ -330,6 +335,7 @@ class InFlightMiddleware:
                 raise  # cancelled by somebody else too (the server, say): that stands
             # A send blocked since before the drain, cancelled at the cutoff: given up as above.
         finally:
+            notice._owner = None  # as under uvicorn: no cycle through the scope
             wrapped.discard(responder)
             if responder.cancelled is not None:
                 responder.forgive_cancel()  # the app swallowed the cutoff's CancelledError
@@ -598,7 +604,8 @@ class InFlightMiddleware:
             await self._refuse_websocket(scope, receive, send)
             return
         session = _WebSocketSession(gate, send, self._close_code, scope)
-        _offer(scope, self._board.notice(session))
+        notice = self._board.notice(session)
+        _offer(scope, notice)
         sessions = self._sessions
         sessions.add(session)
         watcher = asyncio.ensure_future(session.close_at_notice())
@@ -612,6 +619,7 @@ class InFlightMiddleware:
                 raise  # cancelled by somebody else too (the server, say): that stands
             # A send blocked since before the drain, cancelled at the cutoff: given up.
         finally:
+            notice._owner = None  # as under uvicorn: no cycle through the scope
             watcher.cancel()
             sessions.discard(session)
             if session.cancelled is not None:
