@@ -244,3 +244,24 @@ async def test_late_failure_answered(
     await settle()
     assert bytes(transport.written).startswith(b"HTTP/1.1 500 ")
     assert gate.statistics().http == 0
+
+
+async def test_uvicorn_wrapper_given_bound_call(serve: Any) -> None:
+    """uvicorn's own wrapper (ProxyHeadersMiddleware) is handed the middleware's bound
+    ``__call__`` at the first call, so later requests skip an instance's call; they are
+    served and counted as before."""
+    seen: list[str] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        seen.append(scope["path"])
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    gate = IntakeGate()
+    middleware = InFlightMiddleware(app, gate=gate)
+    protocol, transport = serve(middleware, GET + GET)
+    await settle()
+    assert protocol.app.app == middleware.__call__
+    assert seen == ["/", "/"]
+    assert bytes(transport.written).count(b"HTTP/1.1 204") == 2
+    assert gate.statistics().http == 0

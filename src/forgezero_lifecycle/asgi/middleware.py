@@ -77,10 +77,11 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import logging
+import sys
 import weakref
 from collections.abc import Awaitable, Callable
 from time import monotonic as _now
-from types import CoroutineType
+from types import CoroutineType, FrameType
 from typing import Any, Final, final
 
 from .._errors import ConnectionClosedByDrainError
@@ -102,6 +103,7 @@ from ._types import ASGIApp, Message, Receive, Scope, Send
 from ._uvicorn import (
     KNOWN_CYCLES,
     act,
+    call_directly,
     cut,
     cut_response,
     given_up,
@@ -187,8 +189,10 @@ class InFlightMiddleware:
         #: Whether an HTTP or WebSocket scope must be screened in full before it is counted: with
         #: an exempt predicate, or while the signal hook waits for a first request to install it
         #: (:attr:`SignalDrain.pending <forgezero_lifecycle.core.signal_drain.SignalDrain>`
-        #: turns true again only when a lifespan here ends without a shutdown, see _lifespan).
-        self._screen = exempt is not None or (signals is not None and signals.pending)
+        #: turns true again only when a lifespan here ends without a shutdown, see _lifespan);
+        #: and until the first call, which looks once at who calls this middleware (_route).
+        self._screen = True
+        self._caller_seen = False
         #: The class of the last uvicorn cycle seen, of the last hypercorn stream, and of the last
         #: ``send.__self__`` that was neither: a few identity tests per request.
         self._cycle_kind: type | None = None
@@ -349,6 +353,11 @@ class InFlightMiddleware:
     def _route(self, scope: Scope) -> ASGIApp | None:
         """Where a scope the hot path did not take goes: an app to hand it to, or None for the
         counted HTTP path."""
+        if not self._caller_seen:
+            # Once per app: uvicorn's own wrapper calls this instance through its ``app``
+            # attribute; given the bound method, each request skips the lookup of __call__.
+            self._caller_seen = True
+            call_directly(_caller_of_call(), self)
         kind = scope["type"]
         if kind == "lifespan":
             if self._signals is None and self._teardown is None:
@@ -998,6 +1007,15 @@ def _offer(scope: Scope, notice: DrainNotice) -> None:
         scope["extensions"] = {EXTENSION: notice}
     else:
         extensions[EXTENSION] = notice
+
+
+def _caller_of_call() -> FrameType | None:
+    """The frame that called :meth:`InFlightMiddleware.__call__`, seen from ``_route`` (which
+    ``__call__`` calls): a server's wrapper awaiting this middleware, say."""
+    try:
+        return sys._getframe(3)
+    except ValueError:  # a shallower stack: nobody to look at
+        return None
 
 
 def _with_connection_close(message: Message) -> Message:
