@@ -347,3 +347,78 @@ async def test_wait_after_request_ended_returns_at_notice() -> None:
     assert notice.draining
     gate.end_streams()
     await asyncio.wait_for(waiting, 1)
+
+
+async def test_uvicorn_connection_lends_its_notice_in_turn(serve: Any) -> None:
+    """Under uvicorn a connection's requests, one after another, are each handed the
+    connection's notice while they run: the second request's handler waits on it and is told
+    through it alone, as the first one's would have been."""
+    gate = IntakeGate()
+    told: list[str] = []
+    started = asyncio.Event()
+    stream = sse_app(told, started)
+    notices: list[DrainNotice] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        notices.append(notice_of(scope))
+        if len(notices) == 2:
+            await stream(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    _, transport = serve(InFlightMiddleware(app, gate=gate), GET + GET)
+    await started.wait()
+    await settle()
+    assert notices[0] is notices[1]  # the connection's, lent to each request in turn
+    gate.close()
+    gate.end_streams()
+    await settle()
+    assert told == ["notice"]
+    assert bytes(transport.written).endswith(b"\r\n0\r\n\r\n")
+    assert not transport.aborted
+    assert gate.statistics().http == 0
+
+
+async def test_uvicorn_request_over_running_one_gets_own_notice(serve: Any) -> None:
+    """A request that starts while the connection's last one still runs (its response sent,
+    its app not returned) gets a notice of its own; each names its own request."""
+    gate = IntakeGate()
+    release = asyncio.Event()
+    notices: list[DrainNotice] = []
+    scopes: list[Message] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        notices.append(notice_of(scope))
+        scopes.append(scope)
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        if len(notices) == 1:
+            await release.wait()  # work after the response, as a background task
+
+    serve(InFlightMiddleware(app, gate=gate), GET + GET)
+    await settle()
+    assert len(notices) == 2
+    assert notices[0] is not notices[1]
+    assert scopes[0]["extensions"] is not scopes[1]["extensions"]
+    assert gate.statistics().http == 1
+    release.set()
+    await settle()
+    assert gate.statistics().http == 0
+
+
+async def test_uvicorn_extensions_stay_the_request_own(serve: Any) -> None:
+    """What an app puts in a request's extensions under uvicorn stays that request's: the next
+    request on the connection gets extensions holding the notice alone."""
+    gate = IntakeGate()
+    seen: list[list[str]] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        seen.append(list(scope["extensions"]))
+        scope["extensions"]["app.private"] = object()
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    serve(InFlightMiddleware(app, gate=gate), GET + GET)
+    await settle()
+    assert seen == [[EXTENSION], [EXTENSION]]

@@ -33,6 +33,8 @@ the gunicorn worker class use:
 * a request's ``RequestResponseCycle`` (``send.__self__``), acted on by a drain
   (:mod:`forgezero_lifecycle.asgi._uvicorn`): :data:`CYCLE_ATTRIBUTES`, and that ``receive()``
   calls ``flow.resume_reading()`` before it waits;
+* a cycle's ``flow`` being its connection's (one ``FlowControl`` per connection), which keeps
+  the connection's drain notice as ``forgezero_notice`` (:mod:`forgezero_lifecycle.asgi._notice`);
 * the WebSocket protocols' ``transport`` (``send.__self__`` of a session);
 * uvicorn's own middleware (:data:`MIDDLEWARE_MODULES`) calling the app it wraps through its
   ``app`` attribute, which the in-flight middleware sets once to its bound ``__call__`` (where

@@ -248,15 +248,19 @@ class InFlightMiddleware:
         ):
             running = self._running
             running.add(cycle)
-            # The drain notice (asgi._notice), one slot filled; uvicorn's scope has no
-            # extensions of its own.
-            notice = _new(self._notice_kind)
-            notice._owner = cycle
-            extensions = scope.get("extensions")
-            if extensions is None:
+            # The drain notice (asgi._notice): the connection's own, made at its first request
+            # and lent to each request in turn, in extensions of the request's own (uvicorn's
+            # scope has none); a request that finds it lent (the last one still running) or
+            # the scope with extensions gets a notice of its own (_lend).
+            try:
+                notice = cycle.flow.forgezero_notice
+            except AttributeError:
+                notice = self._connection_notice(cycle)
+            if notice._owner is None and "extensions" not in scope:
                 scope["extensions"] = {EXTENSION: notice}
             else:
-                extensions[EXTENSION] = notice
+                notice = _lend(self._notice_kind, scope)
+            notice._owner = cycle
             try:
                 await self.app(scope, receive, send)
             except Exception as error:
@@ -344,6 +348,14 @@ class InFlightMiddleware:
             if responder.cancelled is not None:
                 responder.forgive_cancel()  # the app swallowed the cutoff's CancelledError
             gate.release_http()
+
+    def _connection_notice(self, cycle: Any) -> DrainNotice:
+        """The notice of ``cycle``'s connection, made at its first request and kept on its
+        flow control (one per connection, as the flow control is)."""
+        notice = _new(self._notice_kind)
+        notice._owner = None
+        cycle.flow.forgezero_notice = notice
+        return notice
 
     def oldest_in_flight(self, limit: int) -> list[InFlightItem]:
         """The ``limit`` oldest requests and sessions running now, oldest first (what a
@@ -998,6 +1010,14 @@ async def _notice_for(gate: IntakeGate, told: _HttpResponder | _WebSocketSession
         await first(asyncio.sleep(told.notice_delay), gate.cutoff.wait())
     if told.listening:  # its handler was told through the drain notice: it ends itself
         await gate.cutoff.wait()
+
+
+def _lend(kind: type[DrainNotice], scope: Scope) -> DrainNotice:
+    """A notice of its own for a request under uvicorn whose connection's notice is lent to
+    a request still running (or whose scope has extensions already), offered in its scope."""
+    notice = _new(kind)
+    _offer(scope, notice)
+    return notice
 
 
 def _offer(scope: Scope, notice: DrainNotice) -> None:
