@@ -108,7 +108,7 @@ class DrainNotice:
     """``scope["extensions"]["forgezero.drain"]``: when this request should end, and how long
     is left until the drain cuts it."""
 
-    __slots__ = ("_owner",)
+    __slots__ = ("__weakref__", "_owner")
 
     #: Set on each board's subclass (:attr:`NoticeBoard.kind`).
     _board: NoticeBoard

@@ -98,6 +98,7 @@ from ._hypercorn import HTTP1, KNOWN_STREAMS, DrainSend
 from ._in_flight import InFlightItem, oldest
 from ._notice import EXTENSION, DrainNotice, Listener, NoticeBoard
 from ._paths import app_path
+from ._running import RunningRequests
 from ._teardown import Teardown
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from ._uvicorn import (
@@ -171,7 +172,8 @@ class InFlightMiddleware:
         self._close_code = websocket_close_code
         #: uvicorn request cycles and hypercorn streams admitted while serving and still running
         #: (asgi._uvicorn, asgi._hypercorn): the gate counts them as admitted HTTP requests.
-        self._running: set[Any] = gate.running_set()
+        self._running = RunningRequests()
+        gate.count_running(self._running)
         #: The wrapped requests running now, for the cutoff to find a send of theirs that was
         #: blocked before the drain began (:mod:`._blocked`).
         self._wrapped: set[_HttpResponder] = set()
@@ -246,12 +248,12 @@ class InFlightMiddleware:
                 and self._is_cycle(cycle)
             )
         ):
-            running = self._running
-            running.add(cycle)
             # The drain notice (asgi._notice): the connection's own, made at its first request
             # and lent to each request in turn, in extensions of the request's own (uvicorn's
             # scope has none); a request that finds it lent (the last one still running) or
-            # the scope with extensions gets a notice of its own (_lend).
+            # the scope with extensions gets a notice of its own (_own_notice). The notice's
+            # owner is what counts the request (asgi._running), set here in the same step as
+            # the test of gate.serving and cleared as it ends.
             try:
                 notice = cycle.flow.forgezero_notice
             except AttributeError:
@@ -259,7 +261,7 @@ class InFlightMiddleware:
             if notice._owner is None and "extensions" not in scope:
                 scope["extensions"] = {EXTENSION: notice}
             else:
-                notice = _lend(self._notice_kind, scope)
+                notice = self._own_notice(scope)
             notice._owner = cycle
             try:
                 await self.app(scope, receive, send)
@@ -271,10 +273,9 @@ class InFlightMiddleware:
                 if gate.draining:
                     settle(cycle)
             finally:
-                # The scope holds the notice and the cycle the scope: let go of the cycle, so
-                # that the request's objects are freed when it ends, not by the collector.
+                # Released; and the scope holds the notice and the cycle the scope: letting go
+                # of the cycle frees the request's objects as it ends, not by the collector.
                 notice._owner = None
-                running.discard(cycle)
                 if gate.waiting_idle:
                     gate.released()
             return
@@ -355,6 +356,17 @@ class InFlightMiddleware:
         notice = _new(self._notice_kind)
         notice._owner = None
         cycle.flow.forgezero_notice = notice
+        self._running.lend(notice)
+        return notice
+
+    def _own_notice(self, scope: Scope) -> DrainNotice:
+        """A notice of its own, offered in its scope, for a request under uvicorn whose
+        connection's notice is lent to a request still running (or whose scope has extensions
+        already); counted as the connection's are."""
+        notice = _new(self._notice_kind)
+        notice._owner = None
+        self._running.lend(notice, own=True)
+        _offer(scope, notice)
         return notice
 
     def oldest_in_flight(self, limit: int) -> list[InFlightItem]:
@@ -1010,14 +1022,6 @@ async def _notice_for(gate: IntakeGate, told: _HttpResponder | _WebSocketSession
         await first(asyncio.sleep(told.notice_delay), gate.cutoff.wait())
     if told.listening:  # its handler was told through the drain notice: it ends itself
         await gate.cutoff.wait()
-
-
-def _lend(kind: type[DrainNotice], scope: Scope) -> DrainNotice:
-    """A notice of its own for a request under uvicorn whose connection's notice is lent to
-    a request still running (or whose scope has extensions already), offered in its scope."""
-    notice = _new(kind)
-    _offer(scope, notice)
-    return notice
 
 
 def _offer(scope: Scope, notice: DrainNotice) -> None:
