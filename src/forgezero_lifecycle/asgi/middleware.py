@@ -66,10 +66,11 @@ uvicorn's request cycle (:mod:`forgezero_lifecycle.asgi._uvicorn`) or hypercorn'
 above hold for it too. Every other request (admitted during a drain, HTTP/2, or under another
 server) goes through a per-request responder that does the same on the messages.
 
-No per-request state lives on ``self`` but the set of running uvicorn cycles and hypercorn
-streams a drain acts on, and the set of running wrapped requests the cutoff looks through;
+No per-request state lives on ``self`` but the running uvicorn cycles and hypercorn streams a
+drain acts on (:mod:`._running`: a uvicorn request is named by its connection's drain notice,
+lent to it while it runs), and the set of running wrapped requests the cutoff looks through;
 everything else per request is a local or a closure. A status names the oldest of them from
-these sets alone (:mod:`._in_flight`): the request path records nothing more for it.
+these alone (:mod:`._in_flight`): the request path records nothing more for it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ on them.
 The admit/release pair runs on every request, so it touches two ints and nothing else: the
 future that :meth:`wait_idle` awaits exists only while somebody waits. A middleware that serves
 requests unwrapped counts them cheaper still, as members of a set of its own
-(:meth:`running_set`): adding one while :attr:`serving` is admission, discarding it is release.
+(:meth:`running_set`), or of a collection it keeps otherwise (:meth:`count_running`): adding one
+while :attr:`serving` is admission, discarding it is release.
 
 Four flags, four moments of a drain (the runtime module's docstring lists its steps)::
 
