@@ -77,8 +77,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import inspect
 import logging
-import sys
 import weakref
 from collections.abc import Awaitable, Callable
 from time import monotonic as _now
@@ -1037,10 +1037,12 @@ def _offer(scope: Scope, notice: DrainNotice) -> None:
 def _caller_of_call() -> FrameType | None:
     """The frame that called :meth:`InFlightMiddleware.__call__`, seen from ``_route`` (which
     ``__call__`` calls): a server's wrapper awaiting this middleware, say."""
-    try:
-        return sys._getframe(3)
-    except ValueError:  # a shallower stack: nobody to look at
-        return None
+    frame = inspect.currentframe()  # this function's; then _route's, __call__'s, its caller's
+    for _ in range(3):
+        if frame is None:
+            return None
+        frame = frame.f_back
+    return frame
 
 
 def _with_connection_close(message: Message) -> Message:
