@@ -216,9 +216,9 @@ class InFlightMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The hot path, kept flat and small since it runs on every request: an HTTP request
         # that no setting sends elsewhere costs three tests before it is counted. Under uvicorn
-        # while no drain runs, counting it is a set's add and discard and nothing else is done
-        # to it; every other counted request goes through _counted (a coroutine of its own, so
-        # that this one's frame stays small).
+        # while no drain runs, counting it is its notice's owner set and cleared and nothing
+        # else is done to it; every other counted request goes through _counted (a coroutine
+        # of its own, so that this one's frame stays small).
         # The control prefix is looked for anywhere in the path: the path inside the app is a
         # suffix of scope["path"] (ASGI 3 puts root_path in both), so a path without it is no
         # control path whatever root_path says, and one with it is screened in full by _route.
@@ -231,10 +231,10 @@ class InFlightMiddleware:
                     self._past_goaway(send)
                 await elsewhere(scope, receive, send)
                 return
-        # Under uvicorn, while serving: the server's own receive and send, counted as a member of
-        # the gate's running set that each drain moment acts on (asgi._uvicorn); added in the
-        # same synchronous step as the test of gate.serving, so a drain that begins later finds
-        # this request in the set.
+        # Under uvicorn, while serving: the server's own receive and send, counted among the
+        # running requests that each drain moment acts on (asgi._uvicorn, asgi._running);
+        # counted in the same synchronous step as the test of gate.serving, so a drain that
+        # begins later finds this request.
         gate = self._gate
         try:
             cycle = send.__self__  # type: ignore[attr-defined]  # a bound method's object
