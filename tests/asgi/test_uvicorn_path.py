@@ -265,3 +265,31 @@ async def test_uvicorn_wrapper_given_bound_call(serve: Any) -> None:
     assert seen == ["/", "/"]
     assert bytes(transport.written).count(b"HTTP/1.1 204") == 2
     assert gate.statistics().http == 0
+
+
+async def test_running_request_found_through_drain_flow(serve: Any) -> None:
+    """A running uvicorn request is found among the running ones (what the spread's later
+    instants look for) also once the drain has put its DrainFlow on the cycle."""
+    release = asyncio.Event()
+    cycles: list[Any] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        cycles.append(send.__self__)
+        await release.wait()
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    gate = IntakeGate()
+    middleware = InFlightMiddleware(app, gate=gate)
+    serve(middleware, GET)
+    await settle()
+    running = middleware._running
+    assert list(running) == cycles
+    assert cycles[0] in running
+    cycles[0].flow = _uvicorn.DrainFlow(cycles[0], cycles[0].flow)
+    assert cycles[0] in running
+    assert len(running) == 1
+    release.set()
+    await settle()
+    assert cycles[0] not in running
+    assert len(running) == 0

@@ -63,6 +63,7 @@ class RunningRequests:
         if request in self._members:
             return True
         flow = getattr(request, "flow", None)
+        flow = getattr(flow, "server_flow", flow)  # a drain's DrainFlow: the connection's below
         lent = getattr(flow, "forgezero_notice", None)
         if lent is not None and lent._owner is request:
             return True
