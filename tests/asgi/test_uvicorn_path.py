@@ -293,3 +293,35 @@ async def test_running_request_found_through_drain_flow(serve: Any) -> None:
     await settle()
     assert cycles[0] not in running
     assert len(running) == 0
+
+
+async def test_flow_control_without_attributes_still_served(serve: Any) -> None:
+    """A uvicorn whose flow control takes no attribute (where the connection's notice is
+    kept) still serves and counts each request, with a notice of its own."""
+    gate = IntakeGate()
+    notices: list[Any] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        notices.append(scope["extensions"]["forgezero.drain"])
+        assert gate.statistics().http == 1
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    class SlottedFlow:
+        __slots__ = ("server_flow",)
+
+        def __init__(self, flow: Any) -> None:
+            self.server_flow = flow
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.server_flow, name)
+
+    protocol, transport = serve(InFlightMiddleware(app, gate=gate), GET)
+    protocol.flow = protocol.cycle.flow = SlottedFlow(protocol.flow)  # before the app runs
+    await settle()
+    protocol.data_received(GET)
+    await settle()
+    assert len(notices) == 2
+    assert notices[0] is not notices[1]
+    assert bytes(transport.written).count(b"HTTP/1.1 204") == 2
+    assert gate.statistics().http == 0

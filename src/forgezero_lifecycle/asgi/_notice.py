@@ -17,11 +17,11 @@ What one request pays for it is this object (one slot, made without an ``__init_
 dict: nothing is looked at until the handler reads it. Under uvicorn while serving, the notice
 is the connection's, made at its first request and lent to each of its requests in turn (a
 request that starts while the last one still runs gets its own): a request pays two slot stores
-and the dict (its own, so that what an app puts in its extensions stays its own). The place in the spread is taken when ``wait()`` is first called
-(:meth:`NoticeBoard.listen`). When the request ends the notice lets go of it: the request's
-object holds the scope and the scope the notice, so a notice that kept its request would leave
-every request's objects for the cyclic collector to free. A notice kept past its request still
-answers (``deadline`` and ``draining`` as before); its ``wait()`` speaks for the request it is
+and the dict (its own, so that what an app puts in its extensions stays its own). The place in
+the spread is taken when ``wait()`` is first called (:meth:`NoticeBoard.listen`). When the
+request ends the notice lets go of it: the request's object holds the scope and the scope the
+notice, so a notice that kept its request would leave every request's objects for the cyclic
+collector to free. A notice kept past its request still answers (``deadline`` and ``draining`` as before); its ``wait()`` speaks for the request it is
 lent to then, if any, else returns at the stream notice.
 """
 

@@ -356,7 +356,11 @@ class InFlightMiddleware:
         flow control (one per connection, as the flow control is)."""
         notice = _new(self._notice_kind)
         notice._owner = None
-        cycle.flow.forgezero_notice = notice
+        try:
+            cycle.flow.forgezero_notice = notice
+        except (AttributeError, TypeError):  # a flow control that takes no attribute
+            self._running.lend(notice, own=True)  # this request's alone, as the next one's
+            return notice
         self._running.lend(notice)
         return notice
 
