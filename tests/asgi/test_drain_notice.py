@@ -10,6 +10,8 @@ long is left until the cutoff.
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -301,3 +303,122 @@ async def test_waiting_websocket_closes_itself() -> None:
         {"type": "websocket.close", "code": 1001, "reason": "going away"},
     ]
     assert gate.statistics().closed_at_grace == 0
+
+
+async def test_uvicorn_request_freed_without_collector(serve: Any) -> None:
+    """A request ended under uvicorn is freed as it ends, not left to the collector: its scope
+    holds the notice and the notice its cycle, whose scope it is, until the request ends."""
+    gate = IntakeGate()
+    cycles: list[weakref.ref[Any]] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        cycles.append(weakref.ref(send.__self__))
+        notice_of(scope)  # the notice is there while the request runs
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    gc.disable()
+    try:
+        serve(InFlightMiddleware(app, gate=gate), GET + GET)  # the second replaces the first
+        await settle()
+        assert len(cycles) == 2
+        assert cycles[0]() is None
+    finally:
+        gc.enable()
+
+
+async def test_wait_after_request_ended_returns_at_notice() -> None:
+    """A notice kept past the end of its request still answers: ``wait()`` returns at the
+    stream notice (no place in the spread is left to take) and ``deadline`` reads as before."""
+    gate = IntakeGate()
+    seen: list[Message] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        seen.append(scope)
+
+    await InFlightMiddleware(app, gate=gate)(
+        http_scope(), ASGIRecorder().receive, ASGIRecorder().send
+    )
+    notice = notice_of(seen[0])
+    waiting = asyncio.ensure_future(notice.wait())
+    gate.close()
+    await settle()
+    assert not waiting.done()
+    assert notice.draining
+    gate.end_streams()
+    await asyncio.wait_for(waiting, 1)
+
+
+async def test_uvicorn_connection_lends_its_notice_in_turn(serve: Any) -> None:
+    """Under uvicorn a connection's requests, one after another, are each handed the
+    connection's notice while they run: the second request's handler waits on it and is told
+    through it alone, as the first one's would have been."""
+    gate = IntakeGate()
+    told: list[str] = []
+    started = asyncio.Event()
+    stream = sse_app(told, started)
+    notices: list[DrainNotice] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        notices.append(notice_of(scope))
+        if len(notices) == 2:
+            await stream(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    _, transport = serve(InFlightMiddleware(app, gate=gate), GET + GET)
+    await started.wait()
+    await settle()
+    assert notices[0] is notices[1]  # the connection's, lent to each request in turn
+    gate.close()
+    gate.end_streams()
+    await settle()
+    assert told == ["notice"]
+    assert bytes(transport.written).endswith(b"\r\n0\r\n\r\n")
+    assert not transport.aborted
+    assert gate.statistics().http == 0
+
+
+async def test_uvicorn_request_over_running_one_gets_own_notice(serve: Any) -> None:
+    """A request that starts while the connection's last one still runs (its response sent,
+    its app not returned) gets a notice of its own; each names its own request."""
+    gate = IntakeGate()
+    release = asyncio.Event()
+    notices: list[DrainNotice] = []
+    scopes: list[Message] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        notices.append(notice_of(scope))
+        scopes.append(scope)
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        if len(notices) == 1:
+            await release.wait()  # work after the response, as a background task
+
+    serve(InFlightMiddleware(app, gate=gate), GET + GET)
+    await settle()
+    assert len(notices) == 2
+    assert notices[0] is not notices[1]
+    assert scopes[0]["extensions"] is not scopes[1]["extensions"]
+    assert gate.statistics().http == 1
+    release.set()
+    await settle()
+    assert gate.statistics().http == 0
+
+
+async def test_uvicorn_extensions_stay_the_request_own(serve: Any) -> None:
+    """What an app puts in a request's extensions under uvicorn stays that request's: the next
+    request on the connection gets extensions holding the notice alone."""
+    gate = IntakeGate()
+    seen: list[list[str]] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        seen.append(list(scope["extensions"]))
+        scope["extensions"]["app.private"] = object()
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    serve(InFlightMiddleware(app, gate=gate), GET + GET)
+    await settle()
+    assert seen == [[EXTENSION], [EXTENSION]]

@@ -244,3 +244,84 @@ async def test_late_failure_answered(
     await settle()
     assert bytes(transport.written).startswith(b"HTTP/1.1 500 ")
     assert gate.statistics().http == 0
+
+
+async def test_uvicorn_wrapper_given_bound_call(serve: Any) -> None:
+    """uvicorn's own wrapper (ProxyHeadersMiddleware) is handed the middleware's bound
+    ``__call__`` at the first call, so later requests skip an instance's call; they are
+    served and counted as before."""
+    seen: list[str] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        seen.append(scope["path"])
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    gate = IntakeGate()
+    middleware = InFlightMiddleware(app, gate=gate)
+    protocol, transport = serve(middleware, GET + GET)
+    await settle()
+    assert protocol.app.app == middleware.__call__
+    assert seen == ["/", "/"]
+    assert bytes(transport.written).count(b"HTTP/1.1 204") == 2
+    assert gate.statistics().http == 0
+
+
+async def test_running_request_found_through_drain_flow(serve: Any) -> None:
+    """A running uvicorn request is found among the running ones (what the spread's later
+    instants look for) also once the drain has put its DrainFlow on the cycle."""
+    release = asyncio.Event()
+    cycles: list[Any] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        cycles.append(send.__self__)
+        await release.wait()
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    gate = IntakeGate()
+    middleware = InFlightMiddleware(app, gate=gate)
+    serve(middleware, GET)
+    await settle()
+    running = middleware._running
+    assert list(running) == cycles
+    assert cycles[0] in running
+    cycles[0].flow = _uvicorn.DrainFlow(cycles[0], cycles[0].flow)
+    assert cycles[0] in running
+    assert len(running) == 1
+    release.set()
+    await settle()
+    assert cycles[0] not in running
+    assert len(running) == 0
+
+
+async def test_flow_control_without_attributes_still_served(serve: Any) -> None:
+    """A uvicorn whose flow control takes no attribute (where the connection's notice is
+    kept) still serves and counts each request, with a notice of its own."""
+    gate = IntakeGate()
+    notices: list[Any] = []
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        notices.append(scope["extensions"]["forgezero.drain"])
+        assert gate.statistics().http == 1
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    class SlottedFlow:
+        __slots__ = ("server_flow",)
+
+        def __init__(self, flow: Any) -> None:
+            self.server_flow = flow
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.server_flow, name)
+
+    protocol, transport = serve(InFlightMiddleware(app, gate=gate), GET)
+    protocol.flow = protocol.cycle.flow = SlottedFlow(protocol.flow)  # before the app runs
+    await settle()
+    protocol.data_received(GET)
+    await settle()
+    assert len(notices) == 2
+    assert notices[0] is not notices[1]
+    assert bytes(transport.written).count(b"HTTP/1.1 204") == 2
+    assert gate.statistics().http == 0

@@ -33,7 +33,12 @@ the gunicorn worker class use:
 * a request's ``RequestResponseCycle`` (``send.__self__``), acted on by a drain
   (:mod:`forgezero_lifecycle.asgi._uvicorn`): :data:`CYCLE_ATTRIBUTES`, and that ``receive()``
   calls ``flow.resume_reading()`` before it waits;
+* a cycle's ``flow`` being its connection's (one ``FlowControl`` per connection), which keeps
+  the connection's drain notice as ``forgezero_notice`` (:mod:`forgezero_lifecycle.asgi._notice`);
 * the WebSocket protocols' ``transport`` (``send.__self__`` of a session);
+* uvicorn's own middleware (:data:`MIDDLEWARE_MODULES`) calling the app it wraps through its
+  ``app`` attribute, which the in-flight middleware sets once to its bound ``__call__`` (where
+  that does not hold, the middleware is called as an instance, as before);
 * ``uvicorn.supervisors.multiprocess.Process.wait_until_ready``: its presence says that
   ``uvicorn --workers`` replaces a worker only once the replacement is ready
   (:func:`reload_waits_for_ready`, read by the final stop of a handing-over worker);
@@ -70,6 +75,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CYCLE_ATTRIBUTES",
     "CYCLE_MODULES",
+    "MIDDLEWARE_MODULES",
     "PRIVATE",
     "WEBSOCKET_MODULES",
     "accept_on",
@@ -129,6 +135,13 @@ CYCLE_ATTRIBUTES: Final = (
     "message_event",
     "flow",
     "transport",
+)
+#: uvicorn's own middleware around the app (``ProxyHeadersMiddleware``, on by default, and
+#: ``MessageLoggerMiddleware`` at trace level): each calls the app it wraps through its ``app``
+#: attribute, which the in-flight middleware sets to its bound ``__call__``
+#: (:func:`forgezero_lifecycle.asgi._uvicorn.call_directly`).
+MIDDLEWARE_MODULES: Final = frozenset(
+    {"uvicorn.middleware.proxy_headers", "uvicorn.middleware.message_logger"}
 )
 #: uvicorn's WebSocket protocols (``--ws websockets-sansio``, ``websockets``, ``wsproto``): the
 #: ``send`` of a session is bound to one, which holds the connection's ``transport``.

@@ -13,9 +13,16 @@ can send a last event and return by itself. What it has not ended by the cutoff 
 as every other request is.
 
 What one request pays for it is this object (one slot, made without an ``__init__`` call:
-:meth:`NoticeBoard.notice`) and, under a server whose scope has no ``extensions`` (uvicorn), one
-small dict: nothing is looked at until the handler reads it. The place in the spread is taken
-when ``wait()`` is first called (:meth:`NoticeBoard.listen`).
+:meth:`NoticeBoard.notice`) and, under a server whose scope has no ``extensions``, one small
+dict: nothing is looked at until the handler reads it. Under uvicorn while serving, the notice
+is the connection's, made at its first request and lent to each of its requests in turn (a
+request that starts while the last one still runs gets its own): a request pays two slot stores
+and the dict (its own, so that what an app puts in its extensions stays its own). The place in
+the spread is taken when ``wait()`` is first called (:meth:`NoticeBoard.listen`). When the
+request ends the notice lets go of it: the request's object holds the scope and the scope the
+notice, so a notice that kept its request would leave every request's objects for the cyclic
+collector to free. A notice kept past its request still answers (``deadline`` and ``draining`` as before); its ``wait()`` speaks for the request it is
+lent to then, if any, else returns at the stream notice.
 """
 
 from __future__ import annotations
@@ -101,12 +108,13 @@ class DrainNotice:
     """``scope["extensions"]["forgezero.drain"]``: when this request should end, and how long
     is left until the drain cuts it."""
 
-    __slots__ = ("_owner",)
+    __slots__ = ("__weakref__", "_owner")
 
     #: Set on each board's subclass (:attr:`NoticeBoard.kind`).
     _board: NoticeBoard
     #: The request's own object: a server's request cycle or stream, or the middleware's
-    #: wrapped request or WebSocket session.
+    #: wrapped request or WebSocket session; None once the request has ended (the owner holds
+    #: the scope, which holds this notice: a reference cycle, else, for the collector to free).
     _owner: object
 
     async def wait(self) -> None:
@@ -114,9 +122,13 @@ class DrainNotice:
         comes first); at once when it has passed. Safe to call from any task, many times."""
         board = self._board
         gate = board.gate
-        board.listen(self._owner)
+        owner = self._owner
+        if owner is None:  # its request has ended: nothing left to end, no place in the spread
+            await gate.notice.wait()
+            return
+        board.listen(owner)
         await gate.notice.wait()
-        delay = board.delay(self._owner)
+        delay = board.delay(owner)
         if delay > 0 and not gate.cutoff.is_set():
             await first(asyncio.sleep(delay), gate.cutoff.wait())
 

@@ -66,21 +66,23 @@ uvicorn's request cycle (:mod:`forgezero_lifecycle.asgi._uvicorn`) or hypercorn'
 above hold for it too. Every other request (admitted during a drain, HTTP/2, or under another
 server) goes through a per-request responder that does the same on the messages.
 
-No per-request state lives on ``self`` but the set of running uvicorn cycles and hypercorn
-streams a drain acts on, and the set of running wrapped requests the cutoff looks through;
+No per-request state lives on ``self`` but the running uvicorn cycles and hypercorn streams a
+drain acts on (:mod:`._running`: a uvicorn request is named by its connection's drain notice,
+lent to it while it runs), and the set of running wrapped requests the cutoff looks through;
 everything else per request is a local or a closure. A status names the oldest of them from
-these sets alone (:mod:`._in_flight`): the request path records nothing more for it.
+these alone (:mod:`._in_flight`): the request path records nothing more for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import inspect
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
 from time import monotonic as _now
-from types import CoroutineType
+from types import CoroutineType, FrameType
 from typing import Any, Final, final
 
 from .._errors import ConnectionClosedByDrainError
@@ -97,11 +99,13 @@ from ._hypercorn import HTTP1, KNOWN_STREAMS, DrainSend
 from ._in_flight import InFlightItem, oldest
 from ._notice import EXTENSION, DrainNotice, Listener, NoticeBoard
 from ._paths import app_path
+from ._running import RunningRequests
 from ._teardown import Teardown
 from ._types import ASGIApp, Message, Receive, Scope, Send
 from ._uvicorn import (
     KNOWN_CYCLES,
     act,
+    call_directly,
     cut,
     cut_response,
     given_up,
@@ -169,7 +173,8 @@ class InFlightMiddleware:
         self._close_code = websocket_close_code
         #: uvicorn request cycles and hypercorn streams admitted while serving and still running
         #: (asgi._uvicorn, asgi._hypercorn): the gate counts them as admitted HTTP requests.
-        self._running: set[Any] = gate.running_set()
+        self._running = RunningRequests()
+        gate.count_running(self._running)
         #: The wrapped requests running now, for the cutoff to find a send of theirs that was
         #: blocked before the drain began (:mod:`._blocked`).
         self._wrapped: set[_HttpResponder] = set()
@@ -187,8 +192,10 @@ class InFlightMiddleware:
         #: Whether an HTTP or WebSocket scope must be screened in full before it is counted: with
         #: an exempt predicate, or while the signal hook waits for a first request to install it
         #: (:attr:`SignalDrain.pending <forgezero_lifecycle.core.signal_drain.SignalDrain>`
-        #: turns true again only when a lifespan here ends without a shutdown, see _lifespan).
-        self._screen = exempt is not None or (signals is not None and signals.pending)
+        #: turns true again only when a lifespan here ends without a shutdown, see _lifespan);
+        #: and until the first call, which looks once at who calls this middleware (_route).
+        self._screen = True
+        self._caller_seen = False
         #: The class of the last uvicorn cycle seen, of the last hypercorn stream, and of the last
         #: ``send.__self__`` that was neither: a few identity tests per request.
         self._cycle_kind: type | None = None
@@ -209,9 +216,9 @@ class InFlightMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The hot path, kept flat and small since it runs on every request: an HTTP request
         # that no setting sends elsewhere costs three tests before it is counted. Under uvicorn
-        # while no drain runs, counting it is a set's add and discard and nothing else is done
-        # to it; every other counted request goes through _counted (a coroutine of its own, so
-        # that this one's frame stays small).
+        # while no drain runs, counting it is its notice's owner set and cleared and nothing
+        # else is done to it; every other counted request goes through _counted (a coroutine
+        # of its own, so that this one's frame stays small).
         # The control prefix is looked for anywhere in the path: the path inside the app is a
         # suffix of scope["path"] (ASGI 3 puts root_path in both), so a path without it is no
         # control path whatever root_path says, and one with it is screened in full by _route.
@@ -224,10 +231,10 @@ class InFlightMiddleware:
                     self._past_goaway(send)
                 await elsewhere(scope, receive, send)
                 return
-        # Under uvicorn, while serving: the server's own receive and send, counted as a member of
-        # the gate's running set that each drain moment acts on (asgi._uvicorn); added in the
-        # same synchronous step as the test of gate.serving, so a drain that begins later finds
-        # this request in the set.
+        # Under uvicorn, while serving: the server's own receive and send, counted among the
+        # running requests that each drain moment acts on (asgi._uvicorn, asgi._running);
+        # counted in the same synchronous step as the test of gate.serving, so a drain that
+        # begins later finds this request.
         gate = self._gate
         try:
             cycle = send.__self__  # type: ignore[attr-defined]  # a bound method's object
@@ -242,17 +249,21 @@ class InFlightMiddleware:
                 and self._is_cycle(cycle)
             )
         ):
-            running = self._running
-            running.add(cycle)
-            # The drain notice (asgi._notice), one slot filled; uvicorn's scope has no
-            # extensions of its own.
-            notice = _new(self._notice_kind)
-            notice._owner = cycle
-            extensions = scope.get("extensions")
-            if extensions is None:
+            # The drain notice (asgi._notice): the connection's own, made at its first request
+            # and lent to each request in turn, in extensions of the request's own (uvicorn's
+            # scope has none); a request that finds it lent (the last one still running) or
+            # the scope with extensions gets a notice of its own (_own_notice). The notice's
+            # owner is what counts the request (asgi._running), set here in the same step as
+            # the test of gate.serving and cleared as it ends.
+            try:
+                notice = cycle.flow.forgezero_notice
+            except AttributeError:
+                notice = self._connection_notice(cycle)
+            if notice._owner is None and "extensions" not in scope:
                 scope["extensions"] = {EXTENSION: notice}
             else:
-                extensions[EXTENSION] = notice
+                notice = self._own_notice(scope)
+            notice._owner = cycle
             try:
                 await self.app(scope, receive, send)
             except Exception as error:
@@ -263,7 +274,9 @@ class InFlightMiddleware:
                 if gate.draining:
                     settle(cycle)
             finally:
-                running.discard(cycle)
+                # Released; and the scope holds the notice and the cycle the scope: letting go
+                # of the cycle frees the request's objects as it ends, not by the collector.
+                notice._owner = None
                 if gate.waiting_idle:
                     gate.released()
             return
@@ -297,6 +310,7 @@ class InFlightMiddleware:
                 if gate.draining:
                     _hypercorn.settle(stream)
             finally:
+                notice._owner = None  # as under uvicorn: no cycle through the scope
                 running.discard(stream)
                 if type(stream.send) is DrainSend:
                     _hypercorn.release(stream)
@@ -312,7 +326,8 @@ class InFlightMiddleware:
             await self._refuse_http(scope, receive, send)
             return
         responder = _HttpResponder(gate, receive, send, scope)
-        _offer(scope, self._board.notice(responder))
+        notice = self._board.notice(responder)
+        _offer(scope, notice)
         wrapped = self._wrapped
         wrapped.add(responder)
         try:
@@ -330,10 +345,34 @@ class InFlightMiddleware:
                 raise  # cancelled by somebody else too (the server, say): that stands
             # A send blocked since before the drain, cancelled at the cutoff: given up as above.
         finally:
+            notice._owner = None  # as under uvicorn: no cycle through the scope
             wrapped.discard(responder)
             if responder.cancelled is not None:
                 responder.forgive_cancel()  # the app swallowed the cutoff's CancelledError
             gate.release_http()
+
+    def _connection_notice(self, cycle: Any) -> DrainNotice:
+        """The notice of ``cycle``'s connection, made at its first request and kept on its
+        flow control (one per connection, as the flow control is)."""
+        notice = _new(self._notice_kind)
+        notice._owner = None
+        try:
+            cycle.flow.forgezero_notice = notice
+        except (AttributeError, TypeError):  # a flow control that takes no attribute
+            self._running.lend(notice, own=True)  # this request's alone, as the next one's
+            return notice
+        self._running.lend(notice)
+        return notice
+
+    def _own_notice(self, scope: Scope) -> DrainNotice:
+        """A notice of its own, offered in its scope, for a request under uvicorn whose
+        connection's notice is lent to a request still running (or whose scope has extensions
+        already); counted as the connection's are."""
+        notice = _new(self._notice_kind)
+        notice._owner = None
+        self._running.lend(notice, own=True)
+        _offer(scope, notice)
+        return notice
 
     def oldest_in_flight(self, limit: int) -> list[InFlightItem]:
         """The ``limit`` oldest requests and sessions running now, oldest first (what a
@@ -343,6 +382,11 @@ class InFlightMiddleware:
     def _route(self, scope: Scope) -> ASGIApp | None:
         """Where a scope the hot path did not take goes: an app to hand it to, or None for the
         counted HTTP path."""
+        if not self._caller_seen:
+            # Once per app: uvicorn's own wrapper calls this instance through its ``app``
+            # attribute; given the bound method, each request skips the lookup of __call__.
+            self._caller_seen = True
+            call_directly(_caller_of_call(), self)
         kind = scope["type"]
         if kind == "lifespan":
             if self._signals is None and self._teardown is None:
@@ -598,7 +642,8 @@ class InFlightMiddleware:
             await self._refuse_websocket(scope, receive, send)
             return
         session = _WebSocketSession(gate, send, self._close_code, scope)
-        _offer(scope, self._board.notice(session))
+        notice = self._board.notice(session)
+        _offer(scope, notice)
         sessions = self._sessions
         sessions.add(session)
         watcher = asyncio.ensure_future(session.close_at_notice())
@@ -612,6 +657,7 @@ class InFlightMiddleware:
                 raise  # cancelled by somebody else too (the server, say): that stands
             # A send blocked since before the drain, cancelled at the cutoff: given up.
         finally:
+            notice._owner = None  # as under uvicorn: no cycle through the scope
             watcher.cancel()
             sessions.discard(session)
             if session.cancelled is not None:
@@ -990,6 +1036,17 @@ def _offer(scope: Scope, notice: DrainNotice) -> None:
         scope["extensions"] = {EXTENSION: notice}
     else:
         extensions[EXTENSION] = notice
+
+
+def _caller_of_call() -> FrameType | None:
+    """The frame that called :meth:`InFlightMiddleware.__call__`, seen from ``_route`` (which
+    ``__call__`` calls): a server's wrapper awaiting this middleware, say."""
+    frame = inspect.currentframe()  # this function's; then _route's, __call__'s, its caller's
+    for _ in range(3):
+        if frame is None:
+            return None
+        frame = frame.f_back
+    return frame
 
 
 def _with_connection_close(message: Message) -> Message:

@@ -10,7 +10,8 @@ on them.
 The admit/release pair runs on every request, so it touches two ints and nothing else: the
 future that :meth:`wait_idle` awaits exists only while somebody waits. A middleware that serves
 requests unwrapped counts them cheaper still, as members of a set of its own
-(:meth:`running_set`): adding one while :attr:`serving` is admission, discarding it is release.
+(:meth:`running_set`), or of a collection it keeps otherwise (:meth:`count_running`): adding one
+while :attr:`serving` is admission, discarding it is release.
 
 Four flags, four moments of a drain (the runtime module's docstring lists its steps)::
 
@@ -27,7 +28,7 @@ acted on before anything else runs (the middleware's uvicorn path, the ``serve``
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
 from typing import Literal, final
 
@@ -89,7 +90,7 @@ class IntakeGate:
         #: moment comes (the test before adding to a :meth:`running_set`).
         self.serving = True
         #: The sets of :meth:`running_set`, whose members count as admitted HTTP requests.
-        self._running_sets: list[set[object]] = []
+        self._running_sets: list[Sized] = []
         self._draining_event = asyncio.Event()
         self._idle_waiters: list[asyncio.Future[None]] = []
         #: Somebody waits in :meth:`wait_idle` (the test after discarding from a running set).
@@ -167,8 +168,15 @@ class IntakeGate:
         add, a set discard and two attribute reads.
         """
         members: set[object] = set()
-        self._running_sets.append(members)
+        self.count_running(members)
         return members
+
+    def count_running(self, members: Sized) -> None:
+        """Count the members of ``members`` as admitted HTTP requests, as those of a
+        :meth:`running_set` (same rules), for an owner that keeps them otherwise: its ``len``
+        is read only at a status, a drain's cutoff and while somebody waits in
+        :meth:`wait_idle`."""
+        self._running_sets.append(members)
 
     def released(self) -> None:
         """A member of a :meth:`running_set` was discarded while :attr:`waiting_idle`: wake
