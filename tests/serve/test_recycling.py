@@ -20,6 +20,7 @@ import pytest
 
 from tests.cli.conftest import CONTROL_TOKEN
 from tests.reliability._load import HttpLoad, Router, Target
+from tests.reliability._records import ServerRecords
 from tests.reliability._soak import report, scale
 
 from .conftest import AUTH, StartSupervised, Supervised, alive
@@ -68,17 +69,22 @@ async def _recycle_under_load(
     *,
     clients: int = CLIENTS,
     recycles: int = RECYCLES,
+    served_by: int = 0,
 ) -> dict[str, object]:
-    """The load for :data:`LOAD_SECONDS`, and on until ``recycles`` workers were recycled
-    (a busy machine serves fewer requests a second)."""
+    """The load for :data:`LOAD_SECONDS`, and on until ``recycles`` workers were recycled and
+    ``served_by`` workers have answered (a busy machine serves fewer requests a second)."""
     load = _load(served, seed=seed, clients=clients)
+
+    def done() -> bool:
+        if _recycled(served) < recycles:
+            return False
+        return served_by == 0 or len(_answering(_records(served, tmp_path))) >= served_by
+
     async with anyio.create_task_group() as group:
         group.start_soon(load.run)
         await anyio.sleep(LOAD_SECONDS)
         await anyio.to_thread.run_sync(
-            lambda: served.wait_for(
-                lambda: _recycled(served) >= recycles, f"recycled {recycles}", RECYCLE_BOUND
-            )
+            lambda: served.wait_for(done, f"recycled {recycles}", RECYCLE_BOUND)
         )
         load.stop()
     await _close(load)
@@ -87,8 +93,11 @@ async def _recycle_under_load(
     served.signal(signal.SIGTERM)
     assert await anyio.to_thread.run_sync(served.wait_exit) == 0, log
     counts = _judge_no_loss(load, per_pid)
-    answering = {pid for pid, records in per_pid.items() if records.started}
-    return {**counts, "pids_answering": len(answering), "recycled": _recycled(served)}
+    return {**counts, "pids_answering": len(_answering(per_pid)), "recycled": _recycled(served)}
+
+
+def _answering(per_pid: dict[int, ServerRecords]) -> set[int]:
+    return {pid for pid, records in per_pid.items() if records.started}
 
 
 @pytest.mark.load
@@ -103,7 +112,7 @@ async def test_recycling_under_load_loses_nothing(
         start_supervised, tmp_path, "--max-requests", "400", "--max-requests-jitter", "100"
     )
     counts = await _recycle_under_load(
-        served, tmp_path, seed=41, clients=PINNED_CLIENTS, recycles=4
+        served, tmp_path, seed=41, clients=PINNED_CLIENTS, recycles=4, served_by=6
     )
     assert counts["pids_answering"] >= 6, counts
     assert counts["refused"] == 0, counts

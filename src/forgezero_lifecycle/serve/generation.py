@@ -169,7 +169,9 @@ class Generation:
         self.tally.close()
         self._tally_file.close()
         self._fan_out.detach()
-        self.workers, self._drained_by, self._lost, self._acks = [], [], [], []
+        for worker in {*self.workers, *self._drained_by, *self._lost}:
+            worker.release()
+        self._acks = []
 
     def ready(self) -> None:
         """Every worker is ready: take the revision they agree on."""

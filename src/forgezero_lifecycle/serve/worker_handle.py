@@ -114,6 +114,14 @@ class WorkerHandle:
         #: It answered the supervisor's ``accept``: it accepts on the shared listeners.
         self.accepting = False
 
+    def release(self) -> None:
+        """Its generation is forgotten (its process is gone): drop what points back at the
+        supervisor and the generation, so that neither waits for the cyclic collector."""
+        self._answer = _answer_nothing
+        self._on_ready = self._on_report = self._on_exit = _nothing
+        self._on_failure = _nothing
+        self._on_limit = None
+
     @property
     def report(self) -> DrainReport:
         return self._report
@@ -305,3 +313,11 @@ def answer_bound(fields: dict[str, Any]) -> float:
 
 
 __all__ += ["Answer", "DrainReport", "HandlerFailed", "answer_bound"]
+
+
+def _nothing(*_: object) -> None:
+    return None
+
+
+async def _answer_nothing(*_: object) -> dict[str, Any]:
+    return {"error": "RUNTIME_WORKER_GONE"}
