@@ -23,6 +23,7 @@ import anyio
 import anyio.abc
 import httpx
 
+from forgezero_lifecycle.stop.connections import CLOSE_REFUSAL_HEADER
 from forgezero_lifecycle.stop.server import FIRST_BYTE_GRACE
 
 __all__ = [
@@ -37,6 +38,9 @@ __all__ = [
 ]
 
 REFUSAL: Final = b'{"error":"RUNTIME_DRAINING"}'
+CLOSE_HEADER: Final = CLOSE_REFUSAL_HEADER[0].decode()
+CLOSE_VALUE: Final = CLOSE_REFUSAL_HEADER[1].decode()
+_CLOSE_LINE: Final = b": ".join(CLOSE_REFUSAL_HEADER)
 KINDS: Final = ("fast", "slow", "stream", "post")
 WEIGHTS: Final = (0.45, 0.2, 0.15, 0.2)
 #: Attempts per request; a retry on the same target waits RETRY_PAUSE first (bounded: ~10 s).
@@ -125,6 +129,10 @@ class RequestRecord:
     #: A late sender's: seconds its connection really stayed silent after the connect (its
     #: ``lateness``, and whatever its loop lagged on a loaded machine).
     silent: float = 0.0
+    #: Refused by the 503 a stop writes as it closes a connection (``x-forgezero-refusal:
+    #: connection-closed``): the request crossed that close, the keep-alive race every server
+    #: closing an idle connection has, and was never read. Not a refusal of admission.
+    at_close: bool = False
 
     @property
     def outcome(self) -> str:
@@ -233,6 +241,7 @@ async def _attempt(target: Target, request: _Request) -> str:
     finally:
         target.outstanding -= 1
     if response.status_code == 503 and response.content == REFUSAL:
+        record.at_close = response.headers.get(CLOSE_HEADER) == CLOSE_VALUE
         return "refused"
     return _judge(target.label, request, response)
 
@@ -322,20 +331,25 @@ class LateSenders:
                             break
         except (OSError, anyio.BrokenResourceError) as error:
             return f"error:{type(error).__name__}:{error} after {len(answer)} bytes"
-        return _judge_raw(self.label, request_id, bytes(answer))
+        outcome = _judge_raw(self.label, request_id, bytes(answer))
+        head = bytes(answer).partition(b"\r\n\r\n")[0].lower()
+        record.at_close = outcome == "refused" and _CLOSE_LINE in head
+        return outcome
 
 
 def refused_before(records: Iterable[RequestRecord], moment: float) -> list[RequestRecord]:
     """The requests refused (503 or a refused connection) before ``moment`` that the stop's
     promise covers: all but those of a late sender whose connection stayed silent longer than
     the first-byte grace (its own loop lagged: the server closes such a connection by design,
-    docs/serve.md "Stopping")."""
+    docs/serve.md "Stopping"), and those that crossed a connection's close (:attr:`at_close`:
+    refused at the socket, never read, not refused at admission)."""
     return [
         r
         for r in records
         if r.outcome in ("refused", "connect-refused")
         and r.done_at < moment
         and r.silent <= FIRST_BYTE_GRACE
+        and not r.at_close
     ]
 
 

@@ -162,6 +162,7 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
         "http2_requests": load.http2_requests,
         "refused_before_stop": len(refused_before(everything, signalled)),
         "silent_past_grace": sum(r.silent > FIRST_BYTE_GRACE for r in everything),
+        "refused_at_close": sum(r.at_close for r in everything),
         "lost_before_stop": sum(
             r.outcome != "ok" and r.outcome not in refusals and r.done_at < signalled
             for r in everything

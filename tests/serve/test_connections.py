@@ -392,6 +392,7 @@ async def test_request_crossing_the_idle_close_is_refused(http: str, used: bool)
     head, _, body = crossing.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503 "), crossing
     assert b"connection: close" in head.lower(), crossing
+    assert b"x-forgezero-refusal: connection-closed" in head.lower(), crossing
     assert body == b'{"error":"RUNTIME_DRAINING"}', crossing
     assert seen == (["/first"] if used else [])  # the crossing request never reached the app
 

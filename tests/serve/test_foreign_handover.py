@@ -305,6 +305,7 @@ async def final_stop_under_load(
         # Which, how, and when (seconds after the reload's SIGHUP), for the failure's message.
         "refused_before": [(r.id, r.outcome, round(r.done_at - reloaded, 2)) for r in refused[:10]],
         "silent_past_grace": sum(r.silent > FIRST_BYTE_GRACE for r in fresh.records),
+        "refused_at_close": sum(r.at_close for r in all_records),
         "after_stop": sum(r.done_at >= signalled for r in all_records),
         "stop_seconds": round(exited - signalled, 2),
         "problems": verdict.problems[:10],

@@ -16,9 +16,10 @@ destroy a response already written. :class:`ConnectionStop` replaces that with:
   when the stop began (it went out without ``Connection: close``, so its client keeps it): a client may send its request at the
   instant the server closes (the race of every keep-alive close: a pooled connection taken just
   before the FIN arrives), and such a request would be lost, as a bare disconnect; so the
-  server writes a ``503 RUNTIME_DRAINING`` with ``Connection: close`` before its FIN, which a
-  client that sent reads as its answer (safe to retry: the request was never read) and a client
-  that did not send takes as the end of the connection (readable before reuse, as a FIN is);
+  server writes a ``503 RUNTIME_DRAINING`` with ``Connection: close`` (and
+  ``x-forgezero-refusal: connection-closed``) before its FIN, which a client that sent reads as
+  its answer (safe to retry: the request was never read) and a client that did not send takes
+  as the end of the connection (readable before reuse, as a FIN is);
 * a lingering close for every connection the server closes, stop or not: the transport sends
   its FIN after flushing what was written (``shutdown(SHUT_WR)``), then reads and discards until
   the client's FIN or ``LINGER_TIMEOUT``, and only then closes, so the client reads the whole
@@ -62,19 +63,29 @@ from typing import Any, Final, final
 
 from ..wire._protocol import REFUSAL_BODY
 
-__all__ = ["LINGER_TIMEOUT", "ConnectionStop", "close_after_response", "zero_loss_protocol"]
+__all__ = [
+    "CLOSE_REFUSAL_HEADER",
+    "LINGER_TIMEOUT",
+    "ConnectionStop",
+    "close_after_response",
+    "zero_loss_protocol",
+]
 
 logger = logging.getLogger("forgezero_lifecycle.serve")
 
 #: How long a closed connection waits for the client's FIN before it is aborted.
 LINGER_TIMEOUT: Final = 2.0
+#: The header that tells the refusal written at a connection's close from the drain's refusal of
+#: a request it read (both are 503 RUNTIME_DRAINING, both never ran).
+CLOSE_REFUSAL_HEADER: Final = (b"x-forgezero-refusal", b"connection-closed")
 #: Written before the server closes a silent connection, for a request crossing the close.
 CROSSING_REFUSAL: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\n"
     b"content-type: application/json\r\n"
     b"content-length: %d\r\n"
     b"retry-after: 1\r\n"
-    b"connection: close\r\n\r\n%s" % (len(REFUSAL_BODY), REFUSAL_BODY)
+    b"%s: %s\r\n"
+    b"connection: close\r\n\r\n%s" % (len(REFUSAL_BODY), *CLOSE_REFUSAL_HEADER, REFUSAL_BODY)
 )
 #: Added to the first-byte grace and the lingering close for the stop's bound on a connection
 #: with no response under way (:attr:`ConnectionStop.bound`): the answer to a last request.
