@@ -488,3 +488,47 @@ async def test_request_crossing_the_close_after_a_started_response_is_refused(ht
     assert crossing.startswith(b"HTTP/1.1 503 "), crossing
     assert crossing.endswith(b'{"error":"RUNTIME_DRAINING"}'), crossing
     assert seen == ["/first"]
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+async def test_response_cut_after_the_stop_gets_no_refusal(http: str) -> None:
+    """A response under way when the stop began that its app then ends short (it raises after
+    part of a Content-Length body): the close that follows writes nothing after the part, so
+    the client sees the cut (no refusal read as the rest of the body)."""
+    release = asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-length", b"100")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"part", "more_body": True})
+        await release.wait()
+        raise RuntimeError("the app fails halfway")
+
+    config = uvicorn.Config(app, http=http, lifespan="off", log_level="critical")
+    config.load()
+    stop = ConnectionStop(first_byte_grace=30.0)
+    config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
+    server = uvicorn.Server(config)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+
+    def client() -> bytes:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.settimeout(10)
+            sock.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            return _read_to_eof(sock)
+
+    try:
+        await _until(lambda: server.started)
+        reading = asyncio.create_task(asyncio.to_thread(client))
+        await _until(lambda: any(c.cycle is not None for c in server.server_state.connections))
+        await _until(lambda: all(c.cycle.response_started for c in server.server_state.connections))
+        stop.begin(server.server_state.connections)
+        release.set()
+        answer = await asyncio.wait_for(reading, 15)
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 15)
+        listener.close()
+    assert answer.endswith(b"\r\n\r\npart"), answer  # the cut shows: 4 of 100 bytes, then EOF

@@ -12,14 +12,15 @@ destroy a response already written. :class:`ConnectionStop` replaces that with:
   ``Connection: close``), then the connection is closed; one that stays silent is closed at the
   end of the grace, unless bytes wait unread in its receive buffer then (a request the loop has
   not read yet: it is answered first);
-* a refusal before every close of a silent connection, and of one whose response had started
-  when the stop began (it went out without ``Connection: close``, so its client keeps it): a client may send its request at the
-  instant the server closes (the race of every keep-alive close: a pooled connection taken just
-  before the FIN arrives), and such a request would be lost, as a bare disconnect; so the
-  server writes a ``503 RUNTIME_DRAINING`` with ``Connection: close`` (and
-  ``x-forgezero-refusal: connection-closed``) before its FIN, which a client that sent reads as
-  its answer (safe to retry: the request was never read) and a client that did not send takes
-  as the end of the connection (readable before reuse, as a FIN is);
+* a refusal before every close of a silent connection, and after a response that had started
+  when the stop began (it went out without ``Connection: close``, so its client keeps the
+  connection) once it is complete: a client may send its request at the instant the server
+  closes (the race of every keep-alive close: a pooled connection taken just before the FIN
+  arrives), and such a request would be lost, as a bare disconnect; so the server writes a
+  ``503 RUNTIME_DRAINING`` with ``Connection: close`` (and ``x-forgezero-refusal:
+  connection-closed``) before its FIN, which a client that sent reads as its answer (safe to
+  retry: the request was never read) and a client that did not send takes as the end of the
+  connection (readable before reuse, as a FIN is); a response cut short is closed without it;
 * a lingering close for every connection the server closes, stop or not: the transport sends
   its FIN after flushing what was written (``shutdown(SHUT_WR)``), then reads and discards until
   the client's FIN or ``LINGER_TIMEOUT``, and only then closes, so the client reads the whole
@@ -221,7 +222,7 @@ def close_after_response(protocol: Any, cycle: Any) -> None:
     cycle.keep_alive = False
     transport = protocol.transport
     if cycle.response_started and isinstance(transport, _LingeringTransport):
-        transport.refuse_on_close = True
+        transport.refuse_after = cycle
 
 
 def _may_answer(protocol: Any, transport: asyncio.BaseTransport) -> bool:
@@ -278,9 +279,10 @@ class _LingeringTransport(asyncio.Transport):
         self._transport = transport
         self._stop = stop
         self._closed = False
-        #: Write the crossing refusal before closing (a response the stop could not mark
-        #: ``Connection: close``: :meth:`ConnectionStop.arm`).
-        self.refuse_on_close = False
+        #: The cycle of a response the stop could not mark ``Connection: close``
+        #: (:func:`close_after_response`): once it is complete, the close writes the crossing
+        #: refusal first (never after a response cut short: its client must see the cut).
+        self.refuse_after: Any = None
         # The calls made per request, bound once so they cost what the real ones cost;
         # is_closing is the real one's until this transport is closed (then always True).
         self.write = transport.write  # type: ignore[method-assign]
@@ -297,7 +299,8 @@ class _LingeringTransport(asyncio.Transport):
         if transport.is_closing():
             transport.close()
             return
-        if self.refuse_on_close:
+        refused = self.refuse_after
+        if refused is not None and refused.response_complete:
             transport.write(CROSSING_REFUSAL)
         self._stop.linger(transport, transport.get_protocol())
 
