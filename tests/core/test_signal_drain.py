@@ -202,8 +202,11 @@ async def test_loop_handlers_wrapped(restored_signals: None) -> None:
 async def test_no_server_handler_no_hook(
     restored_signals: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Under pytest SIGTERM is the default and SIGINT Python's own: one warning names serve."""
+    """SIGTERM the default and SIGINT Python's own (as under pytest started from a terminal;
+    set here, since a run started in the background of a shell inherits SIGINT ignored): one
+    warning names serve."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     rt = runtime()
     with caplog.at_level(logging.WARNING, logger="forgezero_lifecycle.signals"):
         rt.signal_drain.install()
