@@ -29,7 +29,9 @@ the gunicorn worker class use:
 * ``Server.startup(sockets=[])`` starting no listener, and ``Server.servers`` entries used only
   through ``close()``, ``wait_closed()`` and ``sockets`` (:mod:`forgezero_lifecycle.stop.accepting`
   adds its own listeners there);
-* the lifespan's ``state`` (``LifespanOn``, ``LifespanOff``);
+* the lifespan's ``state`` (``LifespanOn``, ``LifespanOff``), and ``LifespanOn``'s
+  ``startup_event``, ``shutdown_event`` and ``shutdown()`` where ``Server.serve()`` returned
+  without its shutdown (:func:`shutdown_skipped`);
 * a request's ``RequestResponseCycle`` (``send.__self__``), acted on by a drain
   (:mod:`forgezero_lifecycle.asgi._uvicorn`): :data:`CYCLE_ATTRIBUTES`, and that ``receive()``
   calls ``flow.resume_reading()`` before it waits;
@@ -303,6 +305,20 @@ async def accept_on(
             backlog=config.backlog,
         )
         server.servers.append(listening)
+
+
+def shutdown_skipped(server: uvicorn.Server) -> bool:
+    """Whether ``server.serve()`` returned with its app's lifespan started and never shut down:
+    a uvicorn told to exit during its startup (0.30 among others) returns at once, without its
+    shutdown; a later one shuts down all the same. False where it cannot be told (no
+    ``LifespanOn``)."""
+    lifespan = getattr(server, "lifespan", None)
+    began = getattr(lifespan, "startup_event", None)
+    ended = getattr(lifespan, "shutdown_event", None)
+    if not isinstance(began, asyncio.Event) or not isinstance(ended, asyncio.Event):
+        return False
+    failed = bool(getattr(lifespan, "startup_failed", False))
+    return bool(server.started) and began.is_set() and not ended.is_set() and not failed
 
 
 def reload_waits_for_ready() -> bool:

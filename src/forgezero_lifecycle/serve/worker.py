@@ -498,7 +498,13 @@ async def _serve(
         lambda done: None if done.cancelled() else agent.stop("the supervisor is gone (EOF)")
     )
     try:
-        return await serving
+        code = await serving
+        server = agent.server
+        if server is not None and _uvicorn.shutdown_skipped(server):
+            # Stopped during its startup, under a uvicorn that then returns at once: the app's
+            # lifespan shutdown still runs, as the stop of a booting worker promises.
+            await server.lifespan.shutdown()
+        return code
     finally:
         startup.cancel()
         orphaned.cancel()
