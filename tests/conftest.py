@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import resource
 import tempfile
@@ -60,6 +61,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not getattr(config.option, "numprocesses", None):
         return
     items.sort(key=lambda item: not _runs_long(item))  # stable: collection order within each
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """The logging configuration as it was before each test. A test that runs ``serve`` or
+    uvicorn in-process configures logging with handlers on its capture's stream, closed after
+    it; a later test's record would meet that stream ("--- Logging error ---" and a traceback
+    in the later test's output: seen under make test-pythons)."""
+    manager = logging.Logger.manager
+    saved = {
+        name: (list(found.handlers), found.level, found.propagate, found.disabled)
+        for name, found in [("", logging.getLogger()), *manager.loggerDict.items()]
+        if isinstance(found, logging.Logger)
+    }
+    yield
+    for name, found in [("", logging.getLogger()), *manager.loggerDict.items()]:
+        if isinstance(found, logging.Logger):
+            handlers, level, propagate, disabled = saved.get(
+                name, ([], logging.NOTSET, True, False)
+            )
+            found.handlers = handlers
+            found.setLevel(level)
+            found.propagate, found.disabled = propagate, disabled
 
 
 @pytest.fixture(autouse=True)

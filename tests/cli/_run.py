@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -34,38 +31,12 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> Result:
     # capture: seen once, under load, as a traceback in a drain that had printed none.
     gc.collect()
     capsys.readouterr()
-    with _logging_restored():
-        try:
-            code = main(list(argv))
-        except SystemExit as exit_:  # argparse usage errors
-            code = int(exit_.code or 0)
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:  # argparse usage errors
+        code = int(exit_.code or 0)
     captured = capsys.readouterr()
     result = Result(code, captured.out, captured.err)
     result.assert_no_token()
     assert "Traceback" not in result.err, result.err
     return result
-
-
-@contextlib.contextmanager
-def _logging_restored() -> Iterator[None]:
-    """The logging configuration as it was before: a ``serve`` run in-process configures
-    logging (handlers bound to this capture's stream, closed after the test), and a later test's
-    log record would meet that closed stream ("--- Logging error ---", with a traceback)."""
-    loggers = logging.Logger.manager.loggerDict
-    saved = {
-        name: (list(found.handlers), found.level, found.propagate, found.disabled)
-        for name, found in [("", logging.getLogger()), *loggers.items()]
-        if isinstance(found, logging.Logger)
-    }
-    try:
-        yield
-    finally:
-        for name, found in [("", logging.getLogger()), *loggers.items()]:
-            if not isinstance(found, logging.Logger):
-                continue
-            handlers, level, propagate, disabled = saved.get(
-                name, ([], logging.NOTSET, True, False)
-            )
-            found.handlers = handlers
-            found.setLevel(level)
-            found.propagate, found.disabled = propagate, disabled
