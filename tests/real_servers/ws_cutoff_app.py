@@ -57,7 +57,7 @@ async def push(websocket: WebSocket) -> None:
     async def tell_when_blocked() -> None:
         # This task runs on the same loop: a send pending this long while it ran is not waiting
         # for the CPU, but for the client to read.
-        while loop.time() - sent_at < _BLOCKED_AFTER:  # noqa: ASYNC110 - the app's own clock
+        while loop.time() - sent_at < _BLOCKED_AFTER:  # noqa: ASYNC110 - no event says a send is blocked
             await asyncio.sleep(0.05)
         print("push.blocked", file=sys.stderr, flush=True)
 

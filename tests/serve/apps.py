@@ -134,7 +134,8 @@ async def slow(request: Request) -> Response:
         await asyncio.sleep(float(request.query_params.get("seconds", "1")))
     else:
         released = Path(os.environ.get("FZW_RECORDS", "/tmp"), until)
-        # Polled (a stat, microseconds): another process makes the file.
+        # Polled: the test, another process, makes the file, and no event crosses processes;
+        # a stat takes microseconds, so the blocking call (ASYNC240) costs the loop nothing.
         while not released.exists():  # noqa: ASYNC110, ASYNC240
             await asyncio.sleep(0.02)
     return JSONResponse({"pid": os.getpid()})

@@ -4,11 +4,12 @@ real uvicorn servers where an upgrade is involved)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import select
 import socket
 import time
-from collections.abc import Callable
-from typing import Final
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
 
 import pytest
 import uvicorn
@@ -99,6 +100,28 @@ async def _until(condition: Callable[[], bool]) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("the server never got there")
+
+
+@contextlib.asynccontextmanager
+async def _served(
+    app: Callable[..., Any], first_byte_grace: float, **config: Any
+) -> AsyncIterator[tuple[uvicorn.Server, int, ConnectionStop]]:
+    """A real uvicorn server of ``app`` on a loopback port with the zero-loss protocol, started;
+    stopped on the way out."""
+    loaded = uvicorn.Config(app, lifespan="off", **config)
+    loaded.load()
+    stop = ConnectionStop(first_byte_grace=first_byte_grace)
+    loaded.http_protocol_class = zero_loss_protocol(loaded.http_protocol_class, stop)
+    server = uvicorn.Server(loaded)
+    listener = socket.create_server(("127.0.0.1", 0))
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    try:
+        await _until(lambda: server.started)
+        yield server, listener.getsockname()[1], stop
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 15)
+        listener.close()
 
 
 async def _echo(scope: Scope, receive: Receive, send: Send) -> None:
@@ -216,16 +239,8 @@ async def test_idle_close_spares_a_request_not_read_yet(http: str) -> None:
     """The first-byte grace ends on a connection whose request is in the kernel's buffer but
     not read yet (the event loop lags, as on a loaded machine): the request is answered, and the
     connection closes after it, instead of being closed under the client (lost)."""
-    config = uvicorn.Config(_hello, http=http, lifespan="off", log_level="warning")
-    config.load()
-    stop = ConnectionStop(first_byte_grace=30.0)  # the grace's end is called below
-    config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
-    server = uvicorn.Server(config)
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
-    try:
-        await _until(lambda: server.started)
+    # A grace of 30 s: its end is called below.
+    async with _served(_hello, 30.0, http=http, log_level="warning") as (server, port, stop):
         client = socket.create_connection(("127.0.0.1", port))
         connections = server.server_state.connections
         await _until(lambda: bool(connections))
@@ -238,10 +253,6 @@ async def test_idle_close_spares_a_request_not_read_yet(http: str) -> None:
         client.settimeout(10)
         answer = await asyncio.to_thread(_read_to_eof, client)
         client.close()
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(serving, 15)
-        listener.close()
     assert answer.startswith(b"HTTP/1.1 200"), answer
     assert answer.endswith(b"\r\n\r\nhello"), answer  # whole, then closed: read to EOF
 
@@ -265,16 +276,8 @@ async def test_handover_waits_for_a_request_not_read_yet(http: str) -> None:
         await send({"type": "http.response.start", "status": status, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    config = uvicorn.Config(app, http=http, lifespan="off", log_level="warning")
-    config.load()
-    stop = ConnectionStop(first_byte_grace=30.0)  # the grace's end is called below
-    config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
-    server = uvicorn.Server(config)
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
-    try:
-        await _until(lambda: server.started)
+    # A grace of 30 s: its end is called below.
+    async with _served(app, 30.0, http=http, log_level="warning") as (server, port, stop):
         client = socket.create_connection(("127.0.0.1", port))
         connections = server.server_state.connections
         await _until(lambda: bool(connections))
@@ -288,10 +291,6 @@ async def test_handover_waits_for_a_request_not_read_yet(http: str) -> None:
         client.settimeout(10)
         answer = await asyncio.to_thread(_read_to_eof, client)
         client.close()
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(serving, 15)
-        listener.close()
     assert answer.startswith(b"HTTP/1.1 200"), answer
 
 
@@ -299,16 +298,7 @@ async def test_handover_wait_ends_when_idle_connections_close() -> None:
     """A connection that stays silent through the first-byte grace is closed (after the
     refusal a request crossing the close would read), and the handover's wait ends with it (it
     does not wait for the drain's deadline)."""
-    config = uvicorn.Config(_hello, lifespan="off", log_level="warning")
-    config.load()
-    stop = ConnectionStop(first_byte_grace=0.2)
-    config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
-    server = uvicorn.Server(config)
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
-    try:
-        await _until(lambda: server.started)
+    async with _served(_hello, 0.2, log_level="warning") as (server, port, stop):
         client = socket.create_connection(("127.0.0.1", port))
         connections = server.server_state.connections
         await _until(lambda: bool(connections))
@@ -317,10 +307,6 @@ async def test_handover_wait_ends_when_idle_connections_close() -> None:
         client.settimeout(10)
         closed = await asyncio.to_thread(_read_to_eof, client)  # by the grace's end: EOF
         client.close()
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(serving, 15)
-        listener.close()
     assert closed.startswith(b"HTTP/1.1 503 "), closed
 
 
@@ -368,26 +354,13 @@ async def test_request_crossing_the_idle_close_is_refused(http: str, used: bool)
         seen.append(scope["path"])
         await _hello(scope, receive, send)
 
-    config = uvicorn.Config(app, http=http, lifespan="off", log_level="warning")
-    config.load()
-    stop = ConnectionStop(first_byte_grace=0.2)
-    config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
-    server = uvicorn.Server(config)
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
-    try:
-        await _until(lambda: server.started)
+    async with _served(app, 0.2, http=http, log_level="warning") as (server, port, stop):
         first = b"GET /first HTTP/1.1\r\nhost: x\r\n\r\n" if used else b""
         client = asyncio.create_task(asyncio.to_thread(_send_after_the_close, port, first=first))
         connections = server.server_state.connections
         await _until(lambda: bool(connections) and (not used or seen == ["/first"]))
         stop.begin(connections)
         answer, crossing = await asyncio.wait_for(client, 15)
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(serving, 15)
-        listener.close()
     assert answer.endswith(b"hello") if used else answer == b""
     head, _, body = crossing.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503 "), crossing
@@ -456,15 +429,6 @@ async def test_request_crossing_the_close_after_a_started_response_is_refused(ht
         await release.wait()
         await send({"type": "http.response.body", "body": b"hello"})
 
-    config = uvicorn.Config(app, http=http, lifespan="off", log_level="warning")
-    config.load()
-    stop = ConnectionStop(first_byte_grace=30.0)
-    config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
-    server = uvicorn.Server(config)
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
-
     def client() -> tuple[bytes, bytes]:
         with socket.create_connection(("127.0.0.1", port)) as sock:
             sock.settimeout(10)
@@ -473,17 +437,12 @@ async def test_request_crossing_the_close_after_a_started_response_is_refused(ht
             sock.sendall(b"GET /crossing HTTP/1.1\r\nhost: x\r\n\r\n")  # kept alive, it thinks
             return answer, early + _read_to_eof(sock)
 
-    try:
-        await _until(lambda: server.started)
+    async with _served(app, 30.0, http=http, log_level="warning") as (server, port, stop):
         reading = asyncio.create_task(asyncio.to_thread(client))
         await _until(lambda: seen == ["/first"])
         stop.begin(server.server_state.connections)  # the response has started
         release.set()
         answer, crossing = await asyncio.wait_for(reading, 15)
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(serving, 15)
-        listener.close()
     assert b"connection: close" not in answer.lower(), answer  # it had started: no header
     assert crossing.startswith(b"HTTP/1.1 503 "), crossing
     assert crossing.endswith(b'{"error":"RUNTIME_DRAINING"}'), crossing
@@ -504,31 +463,17 @@ async def test_response_cut_after_the_stop_gets_no_refusal(http: str) -> None:
         await release.wait()
         raise RuntimeError("the app fails halfway")
 
-    config = uvicorn.Config(app, http=http, lifespan="off", log_level="critical")
-    config.load()
-    stop = ConnectionStop(first_byte_grace=30.0)
-    config.http_protocol_class = zero_loss_protocol(config.http_protocol_class, stop)
-    server = uvicorn.Server(config)
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
-
     def client() -> bytes:
         with socket.create_connection(("127.0.0.1", port)) as sock:
             sock.settimeout(10)
             sock.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
             return _read_to_eof(sock)
 
-    try:
-        await _until(lambda: server.started)
+    async with _served(app, 30.0, http=http, log_level="critical") as (server, port, stop):
         reading = asyncio.create_task(asyncio.to_thread(client))
         await _until(lambda: any(c.cycle is not None for c in server.server_state.connections))
         await _until(lambda: all(c.cycle.response_started for c in server.server_state.connections))
         stop.begin(server.server_state.connections)
         release.set()
         answer = await asyncio.wait_for(reading, 15)
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(serving, 15)
-        listener.close()
     assert answer.endswith(b"\r\n\r\npart"), answer  # the cut shows: 4 of 100 bytes, then EOF
