@@ -1,7 +1,8 @@
 """Shared test configuration: every async test runs on asyncio; under pytest-xdist the longest
 tests start first, and at most :data:`LOAD_SLOTS` tests that send a user's load (marked
 ``load``) run at once. ``FORGEZERO_TEST_CPU=PATH`` appends each test's CPU seconds to PATH (its
-own process's, and its reaped subprocesses'): where the suite's time goes."""
+own process's, and its reaped subprocesses') and its wall-clock start and end: where the suite's
+time goes."""
 
 from __future__ import annotations
 
@@ -101,23 +102,27 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     """A ``load`` test waits for a free slot before anything of it runs (outside its timeout);
     with ``FORGEZERO_TEST_CPU`` set, each test's CPU is written (:func:`_cpu_report`)."""
     with contextlib.ExitStack() as stack:
-        if item.get_closest_marker("load") is not None:
-            stack.enter_context(_load_slot(Path(os.environ[_SLOTS_DIRECTORY])))
         cpu_report = os.environ.get("FORGEZERO_TEST_CPU")
         if cpu_report:
             stack.enter_context(_cpu_report(Path(cpu_report), item.nodeid))
+        if item.get_closest_marker("load") is not None:
+            stack.enter_context(_load_slot(Path(os.environ[_SLOTS_DIRECTORY])))
         yield
 
 
 @contextlib.contextmanager
 def _cpu_report(path: Path, nodeid: str) -> Iterator[None]:
-    """Append ``CPU-SELF CPU-CHILDREN NODEID`` for the test run inside (its reaped
-    subprocesses count, with their own reaped children)."""
-    before = _cpu_seconds()
+    """Append ``CPU-SELF CPU-CHILDREN START END NODEID`` for the test run inside (its reaped
+    subprocesses count, with their own reaped children; START and END are wall-clock seconds,
+    a load slot's wait included: the run's timeline)."""
+    before, started = _cpu_seconds(), time.time()
     yield
-    after = _cpu_seconds()
+    after, ended = _cpu_seconds(), time.time()
     with path.open("a") as out:  # one short append per line: the workers' lines do not mix
-        out.write(f"{after[0] - before[0]:.3f} {after[1] - before[1]:.3f} {nodeid}\n")
+        out.write(
+            f"{after[0] - before[0]:.3f} {after[1] - before[1]:.3f}"
+            f" {started:.3f} {ended:.3f} {nodeid}\n"
+        )
 
 
 @contextlib.contextmanager
