@@ -13,11 +13,14 @@ import sys
 from dataclasses import dataclass
 from typing import Final, Literal
 
-__all__ = ["DEADLINE", "ROWS", "Row"]
+__all__ = ["DEADLINE", "RELOADS", "ROWS", "Row"]
 
 #: The drain deadline every row runs with: ``--drain-timeout`` under ``serve``, the runtime's
 #: ``signal_drain_timeout`` elsewhere. A never-reading WebSocket holds a drain this long.
 DEADLINE: Final = 5.0
+#: Reloads of a row that offers one, one after the other under the same load: the second
+#: reloads the generation the first one started, as a user's next deploy does.
+RELOADS: Final = 2
 #: The app every row serves.
 APP: Final = "tests.serve.reliability_app:app"
 #: The stop's parts past the drain deadline under ``serve`` and a single uvicorn: the first-byte

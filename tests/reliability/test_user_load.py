@@ -7,13 +7,15 @@ until after the process has exited, the load keeps coming: the HTTP clients of `
 three kinds of WebSocket client: echo sessions that talk, readers of a server-push route that
 only read, and clients of a fat push route that never read.
 
-The row's reload (if it offers one) comes under that load, then the final SIGTERM. Each HTTP
+The row's reload (if it offers one) comes under that load, :data:`~._rows.RELOADS` times, then
+the final SIGTERM. Each HTTP
 request is sent once (a client with nowhere else to go) and judged against the workers' own
 records: answered, refused (503 ``RUNTIME_DRAINING`` or a refused connection, never begun), or
-lost. Every row promises 0 lost and 0 refused before the final SIGTERM; the WebSocket sessions
+lost. Every row promises 0 lost and 0 refused before the final SIGTERM, and every generation a
+reload starts serves some of the load; the WebSocket sessions
 that read end with a close frame (1012 at a drain, to reconnect); the stop ends within the
 drain deadline and the row's own stop parts (``Row.stop_past_deadline``); where a row promises
-it, every worker takes at least :data:`SHARE` of a burst, at start-up and after a handover.
+it, every worker takes at least :data:`SHARE` of a burst, at start-up and after each handover.
 Each run's figures go to the reliability report (``FORGEZERO_RELIABILITY_REPORT``), whose rows
 docs/servers.md quotes.
 """
@@ -43,7 +45,7 @@ from tests.serve.test_handover import HANDOFF_TOKEN, LABEL, _merged, revision
 
 from ._load import refused_before
 from ._records import ServerRecords
-from ._rows import DEADLINE, ROWS, Row
+from ._rows import DEADLINE, RELOADS, ROWS, Row
 from ._soak import report
 from ._user_load import UserLoad
 from ._verify import judge_stop
@@ -82,11 +84,13 @@ async def test_user_load(row: Row, tmp_path: Path) -> None:
     assert result["exit_code"] in row.exit_codes, result
     assert result["stop_seconds"] <= DEADLINE + row.stop_past_deadline + SLACK, result
     assert result["after_stop"] > 0, result  # the load really met the final stop
+    assert all(result["generations_answering"]), result  # each reload's new workers served
     if row.http2:
         assert result["http2_requests"] > 0, result
     if row.spreads_burst:
-        for burst in ("start", "handover"):
-            shares = result[f"burst_{burst}"]
+        bursts = result["burst_handover"]
+        assert isinstance(bursts, list), result
+        for shares in [result["burst_start"], *bursts]:
             assert isinstance(shares, list), result
             assert len(shares) == row.workers, result
             assert min(shares) >= SHARE * BURST, result
@@ -117,21 +121,26 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
     sockets = WebSocketClients(url)
     exit_code: int | None = None
     signalled = exited = 0.0
+    #: The workers of each generation: the first, then each reload's.
+    generations: list[set[int]] = []
     try:
         with anyio.fail_after(60):
             while not await _live(url):
                 assert process.poll() is None, log_path.read_text()
                 await anyio.sleep(0.05)
+        generations.append(_serving(process.pid))
         await _burst(url, "start")
         async with anyio.create_task_group() as group:
             group.start_soon(load.run)
             group.start_soon(sockets.run)
             await anyio.sleep(UNDER_LOAD)
-            if row.reload is not None:
-                seen |= set(children(process.pid))
-                await _reload(row, process.pid, url, revision_file, log_path)
-                seen |= set(children(process.pid))
-                await _burst(url, "handover")
+            for number in range(1, RELOADS + 1 if row.reload is not None else 1):
+                before = _serving(process.pid)
+                seen |= before
+                await _reload(row, number, process.pid, url, revision_file, log_path)
+                generations.append(_serving(process.pid) - before)
+                seen |= generations[-1]
+                await _burst(url, f"handover{number}")
                 await anyio.sleep(UNDER_LOAD)
             seen |= set(children(process.pid))
             signalled = time.monotonic()
@@ -170,7 +179,12 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
         "after_stop": sum(r.done_at >= signalled for r in everything),
         "stop_seconds": round(exited - signalled, 2),
         "burst_start": _shares(per_pid, "start"),
-        "burst_handover": _shares(per_pid, "handover") if row.reload else None,
+        "burst_handover": [_shares(per_pid, f"handover{n}") for n in range(1, len(generations))],
+        # Per generation, whether one of its workers answered requests.
+        "generations_answering": [
+            any(per_pid[pid].started for pid in workers if pid in per_pid)
+            for workers in generations
+        ],
         "websocket_closes": dict(sockets.closes),
         "websocket_problems": sockets.problems,
         "problems": verdict.problems[:10],
@@ -198,11 +212,14 @@ async def _live(url: str) -> bool:
         return False
 
 
-async def _reload(row: Row, parent: int, url: str, revision_file: Path, log_path: Path) -> None:
-    """The row's reload, awaited until the new workers serve and the old ones are gone."""
+async def _reload(
+    row: Row, number: int, parent: int, url: str, revision_file: Path, log_path: Path
+) -> None:
+    """The row's reload (the ``number``-th), awaited until the new workers serve and the old
+    ones are gone."""
     before = _workers(parent)
     if row.reload == "serve":
-        await anyio.Path(revision_file).write_text(revision(2))
+        await anyio.Path(revision_file).write_text(revision(number + 1))
     os.kill(parent, signal.SIGHUP)
     # A never-reading session holds the old workers' drains until the deadline: bound above it,
     # for every worker (uvicorn --workers replaces them one after the other), on a machine
@@ -210,12 +227,17 @@ async def _reload(row: Row, parent: int, url: str, revision_file: Path, log_path
     with anyio.fail_after(DEADLINE * 2 + 110):
         if row.reload == "serve":
             log = anyio.Path(log_path)
-            while "supervisor.handover_done" not in await log.read_text():  # noqa: ASYNC110 - a file
+            while (await log.read_text()).count("supervisor.handover_done") < number:  # noqa: ASYNC110 - a file
                 await anyio.sleep(0.05)
         while before & _workers(parent):  # noqa: ASYNC110 - /proc
             await anyio.sleep(0.05)
         while not await _live(url):  # noqa: ASYNC110 - a probe over HTTP
             await anyio.sleep(0.05)
+
+
+def _serving(parent: int) -> set[int]:
+    """The processes that serve: the server's workers, or the server itself if it has none."""
+    return _workers(parent) or {parent}
 
 
 async def _burst(url: str, name: str) -> None:

@@ -29,7 +29,7 @@ def test_rows_render_from_their_runs() -> None:
     requests and stop times, and each burst's split over the workers."""
     lines = [
         _entry("serve-workers", requests=2900, stop_seconds=2.7, burst_start=[24, 26],
-               burst_handover=[25, 25]),
+               burst_handover=[[25, 25]]),
         _entry("serve-workers", requests=3100, stop_seconds=3.1, burst_start=[23, 27]),
         _entry("hypercorn", lost=14, stop_seconds=5.0),
         json.dumps({"scenario": "two-sighups", "lost": 9}),  # another scenario: left out

@@ -78,10 +78,10 @@ def _line(row: Row, entries: Sequence[dict[str, Any]]) -> str:
     bursts = "—"
     if row.workers > 1:
         shares = [
-            "/".join(str(n) for n in e[key])
+            "/".join(str(n) for n in burst)
             for e in entries
-            for key in ("burst_start", "burst_handover")
-            if e.get(key)
+            for burst in [e["burst_start"], *(e.get("burst_handover") or [])]
+            if burst
         ]
         bursts = ", ".join(shares) or "—"
     return f"| {title} | {len(entries)} | {requests} | {before} | {at_stop} | {refused} | {stops} | {bursts} |"

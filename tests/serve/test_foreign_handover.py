@@ -1,23 +1,14 @@
-"""Reloads of the servers users already run lose and refuse nothing when the app has a runtime.
+"""A gunicorn worker stopped while it starts refuses nothing, under a load that keeps sending
+through the final stop.
 
-``uvicorn --workers 2`` (SIGHUP starts a new worker, then SIGTERMs an old one) and gunicorn with
-the library's worker class (``-k forgezero_lifecycle.gunicorn.UvicornWorker``; HUP starts new
-workers, then TERMs the old ones) under the same-port load of ``test_handover.py``: fast, slow,
-streaming and POST requests on keep-alive connections pinned to one port, plus WebSocket sessions
-that reconnect on 1012. A stopped worker hands its clients over (it stops accepting at once and
-answers what arrives on its open connections with ``Connection: close`` before its drain closes
-intake), so every request is answered by some worker: 0 lost, 0 refused before the final stop.
-The final stop comes after the load (as in ``test_handover.py``) and must exit cleanly.
-
-A load that keeps sending through a reload and then through the final SIGTERM is the user-load
-matrix's (``tests/reliability/test_user_load.py``, rows ``uvicorn-workers`` and
-``gunicorn-ours``); here ``final_stop_under_load`` does the same for a gunicorn worker stopped
-while it starts (keep-alive clients, idle holders, clients that open a fresh connection per
-request, one attempt each): every request is answered or refused (503, or a refused
-connection), none is reset after it was sent, none is refused before the SIGTERM.
-
-uvicorn-worker's own ``UvicornWorker`` gets the same stop from the runtime's signal hook (which
-attaches it to any uvicorn ``Server`` at lifespan startup), so it is checked here too.
+The reloads of the servers users already run (``uvicorn --workers 2``, gunicorn with the
+library's worker class and with uvicorn-worker's, two reloads each, then the final SIGTERM, under
+a user's load) are the user-load matrix's (``tests/reliability/test_user_load.py``). Here
+``final_stop_under_load`` adds what a reload can do to a worker that has not started yet: one
+new worker of a gunicorn HUP gets SIGTERM during its app's startup (as gunicorn's next HUP or
+TTOU sends it), under keep-alive clients, idle holders and clients that open a fresh connection
+per request, one attempt each. Every request is answered or refused (503, or a refused
+connection), none is reset after it was sent, none is refused before the final SIGTERM.
 """
 
 from __future__ import annotations
@@ -34,31 +25,19 @@ import anyio
 import httpx
 import pytest
 
-from forgezero_lifecycle._internals.uvicorn import reload_waits_for_ready
 from forgezero_lifecycle.stop.server import FIRST_BYTE_GRACE
 from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, popen_logged
 from tests.reliability._load import HttpLoad, LateSenders, Router, Target, refused_before
 from tests.reliability._records import ServerRecords
 from tests.reliability._soak import report, scale
-from tests.reliability._verify import judge, judge_stop
+from tests.reliability._verify import judge_stop
 
 from .conftest import alive
 from .test_foreign import _children as children_of
-from .test_handover import (
-    LABEL,
-    LOAD_SECONDS,
-    Sessions,
-    _close,
-    _load_at,
-    _merged,
-)
+from .test_handover import LABEL, _close, _merged
 
 pytestmark = [pytest.mark.server, pytest.mark.load, pytest.mark.anyio]
 
-#: Seeds per scenario: one in make test (tests/reliability/test_user_load.py puts every row
-#: under a heavier load too), twenty under FORGEZERO_SOAK=1 (make soak).
-RUNS: Final = scale(1, 20)
-SESSIONS: Final = 4
 #: The runtime's signal_drain_timeout in the app (its default).
 DRAIN_TIMEOUT: Final = 30.0
 #: gunicorn's keep-alive timeout here: uvicorn's default, above the load's idle expiry.
@@ -72,91 +51,19 @@ WORKER_CLASSES: Final = {
 
 
 def _command(kind: str, port: int) -> list[str]:
-    if kind in WORKER_CLASSES:
-        # Imported here: `make test-oldest` runs this module without gunicorn (-k 'not gunicorn').
-        from forgezero_lifecycle.gunicorn import required_graceful_timeout
+    """gunicorn with 2 workers of ``kind``'s worker class."""
+    # Imported here: `make test-oldest` runs this module without gunicorn (-k 'not gunicorn').
+    from forgezero_lifecycle.gunicorn import required_graceful_timeout
 
-        return [
-            sys.executable, "-m", "gunicorn", "tests.serve.reliability_app:app", "-w", "2",
-            "-k", WORKER_CLASSES[kind], "-b", f"127.0.0.1:{port}",
-            "--graceful-timeout", str(required_graceful_timeout(DRAIN_TIMEOUT)),
-            # gunicorn's keep-alive is 2 s, the load's idle expiry too: at equal timeouts a request
-            # meets the server's idle close, drain or not (docs/servers.md); uvicorn's is 5 s.
-            "--keep-alive", str(GUNICORN_KEEP_ALIVE),
-            "--log-level", "warning",
-        ]  # fmt: skip
     return [
-        sys.executable, "-m", "uvicorn", "tests.serve.reliability_app:app", "--workers", "2",
-        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-        "--timeout-graceful-shutdown", "40",
+        sys.executable, "-m", "gunicorn", "tests.serve.reliability_app:app", "-w", "2",
+        "-k", WORKER_CLASSES[kind], "-b", f"127.0.0.1:{port}",
+        "--graceful-timeout", str(required_graceful_timeout(DRAIN_TIMEOUT)),
+        # gunicorn's keep-alive is 2 s, the load's idle expiry too: at equal timeouts a request
+        # meets the server's idle close, drain or not (docs/servers.md); uvicorn's is 5 s.
+        "--keep-alive", str(GUNICORN_KEEP_ALIVE),
+        "--log-level", "warning",
     ]  # fmt: skip
-
-
-async def reload_twice_under_load(kind: str, tmp_path: Path, seed: int) -> dict[str, object]:
-    """Two reloads under load, then the final stop: the verdict's counts, refusals, exit code."""
-    port = free_port()
-    records = tmp_path / "worker-records"
-    records.mkdir()
-    log_path = tmp_path / "server.log"
-    environment = {
-        **os.environ,
-        "PYTHONPATH": str(PROJECT_ROOT),
-        "FORGEZERO_CONTROL_TOKEN": CONTROL_TOKEN,
-        "FZREL_GENERATION": LABEL,
-        "FZREL_RECORDS": str(records / "{pid}.records"),
-        "FZREL_STREAM_GRACE": "1.0",
-    }
-    process = await anyio.to_thread.run_sync(
-        lambda: popen_logged(_command(kind, port), environment, log_path)
-    )
-    seen: set[int] = set()
-    url = f"http://127.0.0.1:{port}"
-    exit_code: int | None = None
-    try:
-        with anyio.fail_after(60):
-            while not await _live(url):
-                seen.update(children_of(process.pid))
-                await anyio.sleep(0.1)
-        load = _load_at(url, seed=seed)
-        sessions = Sessions(url, SESSIONS)
-        async with anyio.create_task_group() as group:
-            group.start_soon(load.run)
-            group.start_soon(sessions.run)
-            await anyio.sleep(LOAD_SECONDS)
-            for _ in range(2):
-                process.send_signal(signal.SIGHUP)
-                for _ in range(int(LOAD_SECONDS * 10) + 60):
-                    seen.update(children_of(process.pid))
-                    await anyio.sleep(0.1)
-            load.stop()
-            sessions.stopping.set()
-        await _close(load)
-        process.send_signal(signal.SIGTERM)
-        exit_code = await anyio.to_thread.run_sync(lambda: process.wait(60))
-    finally:
-        seen.update(children_of(process.pid))
-        if process.poll() is None:
-            process.kill()
-            await anyio.to_thread.run_sync(lambda: process.wait(60))
-        for pid in seen:
-            with contextlib.suppress(ProcessLookupError):
-                if alive(pid):
-                    os.kill(pid, signal.SIGKILL)
-    per_pid = ServerRecords.per_pid(records)
-    verdict = judge(load.records, {LABEL: _merged(per_pid)})
-    return {
-        **verdict.counts(),
-        # At admission; a request that crossed a connection's close is counted apart.
-        "refused": sum(record.refusals for record in load.records if not record.at_close),
-        "refused_at_close": sum(record.at_close for record in load.records),
-        "connect_refused": verdict.connect_refused,
-        "transport_errors": verdict.transport_errors,
-        "problems": verdict.problems[:10],
-        "pids_answering": sum(1 for r in per_pid.values() if r.started),
-        "websocket_problems": sessions.problems,
-        "exit_code": exit_code,
-        "log": log_path.read_text()[-3000:],
-    }
 
 
 async def _live(url: str) -> bool:
@@ -166,29 +73,6 @@ async def _live(url: str) -> bool:
             return (await client.get(url + "/.forgezero/runtime/live")).status_code == 200
     except httpx.TransportError:
         return False
-
-
-@pytest.mark.parametrize("run", range(RUNS))
-@pytest.mark.parametrize("kind", ["gunicorn-ours", "uvicorn-workers", "gunicorn-uvicorn-worker"])
-@pytest.mark.timeout(scale(300, 600))
-async def test_foreign_reloads_lose_nothing(tmp_path: Path, kind: str, run: int) -> None:
-    """Two reloads of a foreign server: 0 lost, 0 refused, 0 refused connections; a clean final
-    stop."""
-    _needs_a_reload_that_waits(kind)
-    result = await reload_twice_under_load(kind, tmp_path, seed=78 + run)
-    report(
-        f"foreign-handover-{kind}",
-        run=run,
-        **{k: v for k, v in result.items() if k != "log"},
-    )
-    assert result["problems"] == [], result
-    assert result["lost"] == 0, result
-    assert result["refused"] == 0, result
-    assert result["connect_refused"] == 0, result
-    assert result["transport_errors"] == 0, result
-    assert result["websocket_problems"] == [], result
-    assert result["pids_answering"] >= 4, result  # both generations of both reloads answered
-    assert result["exit_code"] == 0, result
 
 
 #: The final stop under a load that keeps sending through it: keep-alive clients, idle holders
@@ -314,18 +198,6 @@ async def final_stop_under_load(
         "exit_code": exit_code,
         "log": log_path.read_text()[-3000:],
     }
-
-
-def _needs_a_reload_that_waits(kind: str) -> None:
-    """``uvicorn --workers``' promises need a uvicorn whose reload starts the new worker and
-    waits until it is ready before it stops the old one (0.55 does, 0.30 of make test-oldest
-    does not: 1 keep-alive request of ~5,000 lost in 1 of 3 reload runs there, and a worker
-    cannot tell the final stop from a reload); docs/servers.md says so."""
-    if kind == "uvicorn-workers" and not reload_waits_for_ready():
-        pytest.skip(
-            "this uvicorn's reload stops the old worker before the new one is ready "
-            "(docs/servers.md: uvicorn --workers)"
-        )
 
 
 def _workers(parent: int) -> set[int]:
