@@ -40,7 +40,7 @@ from forgezero_lifecycle.stop.server import FIRST_BYTE_GRACE
 from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, popen_logged
 from tests.serve.conftest import alive
 from tests.serve.test_foreign import _children as children
-from tests.serve.test_foreign_handover import _workers
+from tests.serve.test_foreign import _workers
 from tests.serve.test_handover import HANDOFF_TOKEN, LABEL, _merged, revision
 
 from ._load import refused_before

@@ -8,6 +8,7 @@ A SIGTERM is different: the parent passes it to every worker, and each drains it
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -65,6 +66,16 @@ def _children(parent: int) -> list[int]:
             fields = stat[stat.rindex(")") + 2 :].split()
             if int(fields[1]) == parent and fields[0] != "Z":
                 found.append(int(entry))
+    return found
+
+
+def _workers(parent: int) -> set[int]:
+    """The server's workers: its children but multiprocessing's resource tracker."""
+    found = set()
+    for pid in _children(parent):
+        with contextlib.suppress(OSError):
+            if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.add(pid)
     return found
 
 

@@ -34,6 +34,7 @@ from tests.reliability._verify import judge_stop
 
 from .conftest import alive
 from .test_foreign import _children as children_of
+from .test_foreign import _workers
 from .test_handover import LABEL, _close, _merged
 
 pytestmark = [pytest.mark.server, pytest.mark.load, pytest.mark.anyio]
@@ -198,16 +199,6 @@ async def final_stop_under_load(
         "exit_code": exit_code,
         "log": log_path.read_text()[-3000:],
     }
-
-
-def _workers(parent: int) -> set[int]:
-    """The server's workers: its children but multiprocessing's resource tracker."""
-    found = set()
-    for pid in children_of(parent):
-        with contextlib.suppress(OSError):
-            if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.add(pid)
-    return found
 
 
 def _one_port(url: str, clients: int) -> Router:

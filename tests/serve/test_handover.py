@@ -35,6 +35,7 @@ from tests.reliability._verify import judge
 
 from .conftest import StartSupervised, Supervised, alive
 from .test_foreign import _children as children_of
+from .test_foreign import _workers
 
 # Every test here but test_second_sighup_refused sends a load (tests/conftest.py: load slots).
 pytestmark = [pytest.mark.server, pytest.mark.anyio]
@@ -383,10 +384,14 @@ async def test_peers_same_load(tmp_path: Path, kind: str) -> None:
             group.start_soon(load.run)
             await anyio.sleep(LOAD_SECONDS)
             for _ in range(2):
+                before = _workers(process.pid)
+                seen |= before
                 process.send_signal(signal.SIGHUP)
-                for _ in range(int(LOAD_SECONDS * 10) + 50):
-                    seen.update(children_of(process.pid))
-                    await anyio.sleep(0.1)
+                with anyio.fail_after(60):  # the reload is over once every old worker is gone
+                    while before & _workers(process.pid):  # noqa: ASYNC110 - /proc
+                        await anyio.sleep(0.05)
+                seen.update(children_of(process.pid))
+                await anyio.sleep(LOAD_SECONDS)  # the new workers carry the load for a while
             load.stop()
         await _close(load)
     finally:
