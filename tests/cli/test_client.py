@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import ssl
 from collections.abc import Callable
 
 import httpx
@@ -357,3 +358,26 @@ def test_sync_facade_signatures() -> None:
         if name.startswith("wait_"):
             expected = expected.replace(parameters=[*expected.parameters.values(), timeout])
         assert inspect.signature(getattr(SyncControlClient, name)) == expected, name
+
+
+@pytest.mark.anyio
+async def test_clients_share_one_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control clients after the first load no CA bundle (httpx's default loads certifi's for
+    every client: about 20 ms of CPU each); one with a transport of its own loads none."""
+    ControlClient("http://127.0.0.1:1")  # the process's first: builds the shared context
+    loaded: list[object] = []
+    original = ssl.SSLContext.load_verify_locations
+
+    def counted(context: ssl.SSLContext, *args: object, **kwargs: object) -> None:
+        loaded.append(args or kwargs)
+        original(context, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counted)
+    for _ in range(3):
+        await ControlClient("https://127.0.0.1:1").aclose()
+    await ControlClient("http://127.0.0.1:1", transport=httpx.MockTransport(_refuse)).aclose()
+    assert loaded == []
+
+
+def _refuse(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(503)

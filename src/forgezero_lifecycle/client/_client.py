@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from .._errors import ConfigurationError, ControlUnreachableError, RemoteError, error_for_code
 from .._tokens import check_handoff_token
+from ..core._httpx import tls_context
 from ..wire import paths
 from ..wire.accepted import Accepted
 from ..wire.drain import DRAIN_PROTOCOL, DrainRequest, DrainStatus
@@ -121,7 +122,12 @@ class ControlClient:
         self._tokens: dict[_Auth, str | None] = {"control": token, "handoff": handoff_token}
         self._retries = max(0, retries)
         self._http = httpx.AsyncClient(
-            base_url=base, timeout=timeout, transport=transport, trust_env=False
+            base_url=base,
+            timeout=timeout,
+            # A transport of the caller's brings its own TLS settings.
+            transport=transport,
+            trust_env=False,
+            verify=tls_context() if transport is None else True,
         )
 
     async def __aenter__(self) -> Self:

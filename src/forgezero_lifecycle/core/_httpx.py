@@ -11,10 +11,12 @@ own and is not affected.
 
 from __future__ import annotations
 
+import functools
+import ssl
 import sys
 from typing import Final
 
-__all__ = ["httpx"]
+__all__ = ["httpx", "tls_context"]
 
 _CLI: Final = "httpx._main"
 
@@ -27,3 +29,16 @@ else:
     finally:
         if _CLI in sys.modules and sys.modules[_CLI] is None:
             del sys.modules[_CLI]
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """httpx's default TLS context without the environment, built once per process.
+
+    httpx builds one for every client it makes without a transport, loading certifi's CA
+    bundle: about 20 ms of CPU each time, paid even by a client that only ever speaks plain HTTP
+    to a loopback control plane. :class:`~forgezero_lifecycle.client.ControlClient` passes this
+    one instead (``verify=tls_context()``); it has ``trust_env=False``, so what is verified does
+    not change. (The handoff fetch has a transport of its own, without TLS.)
+    """
+    return httpx.create_ssl_context(trust_env=False)
