@@ -22,6 +22,7 @@ import h2.events
 import httpx
 import pytest
 
+from forgezero_lifecycle.core._httpx import tls_context
 from forgezero_lifecycle.runtime import Runtime
 from forgezero_lifecycle.testing import ManualClock
 from tests.asgi._hypercorn_server import BOUND, Message, until
@@ -235,7 +236,9 @@ async def test_httpx_moves_losing_nothing(
 
     wrapped = runtime.wrap(app)
     served = await hypercorn(wrapped)
-    async with httpx.AsyncClient(http1=False, http2=True, timeout=BOUND) as client:
+    async with httpx.AsyncClient(
+        http1=False, http2=True, timeout=BOUND, verify=tls_context()
+    ) as client:
         assert (await client.get(served.url + "/before")).status_code == 200
         runtime.drain.begin(drain_request())
         await until(lambda: len(wrapped._h2_last) == 1)  # the GOAWAY is written

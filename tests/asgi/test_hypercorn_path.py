@@ -21,6 +21,7 @@ import pytest
 from forgezero_lifecycle import ConnectionClosedByDrainError
 from forgezero_lifecycle.asgi import _hypercorn
 from forgezero_lifecycle.asgi.middleware import InFlightMiddleware
+from forgezero_lifecycle.core._httpx import tls_context
 from forgezero_lifecycle.core.gate import IntakeGate
 from forgezero_lifecycle.testing import settle
 from tests.asgi._hypercorn_server import BOUND, Message, until
@@ -78,7 +79,9 @@ async def test_http2_wrapped_no_connection(
         await send({"type": "http.response.body", "body": b"ok"})
 
     served = await hypercorn(InFlightMiddleware(app, gate=gate))
-    async with httpx.AsyncClient(http1=False, http2=True, timeout=BOUND) as client:
+    async with httpx.AsyncClient(
+        http1=False, http2=True, timeout=BOUND, verify=tls_context()
+    ) as client:
         response = await client.get(served.url + "/")
     assert (response.http_version, response.status_code, response.content) == (
         "HTTP/2",

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from forgezero_lifecycle.asgi.middleware import InFlightMiddleware
+from forgezero_lifecycle.core._httpx import tls_context
 from forgezero_lifecycle.core.gate import IntakeGate
 from forgezero_lifecycle.runtime import Runtime
 from forgezero_lifecycle.testing import ManualClock, settle
@@ -195,7 +196,7 @@ async def test_app_wait_not_cancelled(
 
     served = await hypercorn(runtime.wrap(app))
     async with (
-        httpx.AsyncClient(http1=False, http2=True, timeout=BOUND) as http,
+        httpx.AsyncClient(http1=False, http2=True, timeout=BOUND, verify=tls_context()) as http,
         http.stream("GET", served.url + "/") as response,
     ):
         await asyncio.wait_for(waiting.wait(), BOUND)

@@ -21,6 +21,7 @@ from typing import Any, Final
 import httpx
 import pytest
 
+from forgezero_lifecycle.core._httpx import tls_context
 from tests.real_servers._servers import free_port
 
 PROJECT_ROOT: Final = Path(__file__).resolve().parents[2]
@@ -62,7 +63,9 @@ class Served:
         return self.log_path.read_text(errors="replace")
 
     def get(self, path: str, **options: Any) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=BOUND, trust_env=False, **options)
+        return httpx.get(
+            self.url + path, timeout=BOUND, trust_env=False, verify=tls_context(), **options
+        )
 
     def counters(self) -> dict[str, Any]:
         result: dict[str, Any] = self.get("/_test/counters").json()

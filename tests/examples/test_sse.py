@@ -21,6 +21,7 @@ from typing import Any, Final
 import httpx
 import pytest
 
+from forgezero_lifecycle.core._httpx import tls_context
 from tests.real_servers._control import (
     AUTH,
     BEGIN,
@@ -131,7 +132,9 @@ async def test_last_event_then_clean_end(start: Any, kind: str, path: str) -> No
     """A drain: the stream gets its last event (retry, event: draining) and ends cleanly; it
     began after the client's Last-Event-ID."""
     server = start(kind)
-    async with httpx.AsyncClient(base_url=server.url, timeout=BOUND) as client:
+    async with httpx.AsyncClient(
+        base_url=server.url, timeout=BOUND, verify=tls_context()
+    ) as client:
         flowing = asyncio.Event()
         reading = asyncio.create_task(follow(client, path, "41", lambda _: flowing.set()))
         await asyncio.wait_for(flowing.wait(), BOUND)
@@ -158,7 +161,9 @@ async def test_handover_loses_no_event(start: Any, path: str) -> None:
         if len(generations) >= 2 and len(received) >= 40:
             raise _EnoughError
 
-    async with httpx.AsyncClient(base_url=server.url, timeout=BOUND) as client:
+    async with httpx.AsyncClient(
+        base_url=server.url, timeout=BOUND, verify=tls_context()
+    ) as client:
         asyncio.get_running_loop().call_later(0.5, server.process.send_signal, signal.SIGHUP)
         with contextlib.suppress(_EnoughError):
             while True:

@@ -31,6 +31,7 @@ import yaml
 
 from forgezero_lifecycle._errors import DrainConflictError
 from forgezero_lifecycle.client import SyncControlClient, drain_request
+from forgezero_lifecycle.core._httpx import tls_context
 from forgezero_lifecycle.serve import parse_duration
 from tests.cli.conftest import BOUND, PROJECT_ROOT, free_port
 
@@ -211,7 +212,9 @@ class Pod:
         http_get = self.spec[which]["httpGet"]
         assert http_get["port"] == "http"  # the named container port: the one serve listens on
         try:
-            response = httpx.get(self.url + http_get["path"], timeout=BOUND, trust_env=False)
+            response = httpx.get(
+                self.url + http_get["path"], timeout=BOUND, trust_env=False, verify=tls_context()
+            )
         except httpx.TransportError:
             return None
         return response.status_code

@@ -13,6 +13,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from forgezero_lifecycle.client import SyncControlClient, drain_request
+from forgezero_lifecycle.core._httpx import tls_context
 from forgezero_lifecycle.core.scheduler import Scheduler
 from forgezero_lifecycle.jobs import JobWorker, Lease, MemoryJobStore
 from forgezero_lifecycle.metrics import RuntimeCollector
@@ -101,7 +102,9 @@ def test_served_only_with_registry() -> None:
 
 
 def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    response = httpx.get(url + paths.RUNTIME_METRICS_PATH, timeout=10, trust_env=False)
+    response = httpx.get(
+        url + paths.RUNTIME_METRICS_PATH, timeout=10, trust_env=False, verify=tls_context()
+    )
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     samples = {}

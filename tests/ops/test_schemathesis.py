@@ -26,6 +26,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from forgezero_lifecycle.client import SyncControlClient, drain_request
+from forgezero_lifecycle.core._httpx import tls_context
 from forgezero_lifecycle.wire import paths
 from tests.cli.conftest import (
     BOUND,
@@ -74,7 +75,7 @@ def test_no_5xx_drift_or_change(start_serve: StartServe, state: str) -> None:
     seen: dict[str, int] = {}
     # One client for the checks after each example (a client per call builds a TLS context
     # each time: most of the test's CPU, enough to miss its timeout on a loaded machine).
-    probe = httpx.Client(base_url=served.url, timeout=BOUND, trust_env=False)
+    probe = httpx.Client(base_url=served.url, timeout=BOUND, trust_env=False, verify=tls_context())
 
     @settings(
         max_examples=EXAMPLES,

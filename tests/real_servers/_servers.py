@@ -19,6 +19,8 @@ from typing import Final
 
 import httpx
 
+from forgezero_lifecycle.core._httpx import tls_context
+
 __all__ = [
     "GUNICORN_GRACEFUL_TIMEOUT",
     "MORE_SERVER_KINDS",
@@ -201,7 +203,7 @@ def start_server(
 
 def _wait_until_live(server: RunningServer) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT
-    with httpx.Client(timeout=1.0) as client:
+    with httpx.Client(timeout=1.0, verify=tls_context()) as client:
         while True:
             if server.process.poll() is not None:
                 raise RuntimeError(

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
+from forgezero_lifecycle.core._httpx import tls_context
+
 from ._control import CONTROL_TOKEN, SOURCE_REVISION, STREAM_GRACE, WireControl
 from ._servers import SERVER_KINDS, RunningServer, start_server, stop_server
 
@@ -55,7 +57,7 @@ def run_test_app(
 @pytest.fixture
 async def http(server: RunningServer) -> AsyncIterator[httpx.AsyncClient]:
     """An HTTP client of the server (keep-alive pool, closed after the test)."""
-    async with httpx.AsyncClient(base_url=server.url, timeout=10.0) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=10.0, verify=tls_context()) as client:
         yield client
 
 

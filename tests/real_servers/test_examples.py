@@ -16,6 +16,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from forgezero_lifecycle.core._httpx import tls_context
+
 from ._control import (
     AUTH,
     CONTROL_TOKEN,
@@ -156,7 +158,9 @@ async def test_example_hands_over_visits(
         f"{server.url}{EXPORT}?sourceRevision={SOURCE_REVISION}&targetRevision={TARGET_REVISION}"
     )
 
-    async with httpx.AsyncClient(base_url=next_generation.url, timeout=10.0) as new:
+    async with httpx.AsyncClient(
+        base_url=next_generation.url, timeout=10.0, verify=tls_context()
+    ) as new:
         begun = await new.post(STATE_BEGIN, json=_handoff_request(nonce, export), headers=AUTH)
         assert begun.status_code == 202, begun.text
         status = await _wait_for_handoff(new, nonce)

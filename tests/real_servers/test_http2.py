@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
+from forgezero_lifecycle.core._httpx import tls_context
+
 from ._control import WireControl
 from ._servers import RunningServer
 from .conftest import ServerLog, run_test_app
@@ -30,7 +32,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 async def http(server: RunningServer) -> AsyncIterator[httpx.AsyncClient]:
     """An HTTP/2-only client: every request, the control plane's too, goes over HTTP/2."""
     async with httpx.AsyncClient(
-        base_url=server.url, timeout=10.0, http1=False, http2=True
+        base_url=server.url, timeout=10.0, http1=False, http2=True, verify=tls_context()
     ) as client:
         yield client
 
@@ -45,7 +47,7 @@ async def control(
     client = WireControl(http)
     yield client
     async with httpx.AsyncClient(
-        base_url=server.url, timeout=10.0, http1=False, http2=True
+        base_url=server.url, timeout=10.0, http1=False, http2=True, verify=tls_context()
     ) as fresh:
         client.http = fresh
         await client.reset()

@@ -18,6 +18,8 @@ import h11
 import httpx
 import pytest
 
+from forgezero_lifecycle.core._httpx import tls_context
+
 from ._control import STREAM_GRACE, WireControl
 from ._servers import SERVE_KINDS, SERVER_KINDS, RunningServer
 from .conftest import run_test_app
@@ -80,7 +82,7 @@ async def test_late_receive_disconnects(
     # A client of its own: the server closes this connection after the response, which started
     # too early to say so, and a pooled client could send its next request into that close.
     async with (
-        httpx.AsyncClient(base_url=server.url, timeout=10.0) as streaming,
+        httpx.AsyncClient(base_url=server.url, timeout=10.0, verify=tls_context()) as streaming,
         streaming.stream("GET", "/receive-later", params={"seconds": PAST_GRACE}) as response,
     ):
         lines = response.aiter_lines()

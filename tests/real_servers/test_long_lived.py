@@ -30,6 +30,8 @@ from typing import Any, Final
 import httpx
 import pytest
 
+from forgezero_lifecycle.core._httpx import tls_context
+
 from ._control import CONTROL_TOKEN, SOURCE_REVISION
 from ._servers import RunningServer, start_server, stop_server
 
@@ -90,7 +92,9 @@ def _stop_all(server: RunningServer) -> None:
     worker = None
     with contextlib.suppress(httpx.HTTPError):
         if server.process.poll() is None:
-            worker = httpx.get(server.url + PROCESS, timeout=2.0).json()["pid"]
+            worker = httpx.get(server.url + PROCESS, timeout=2.0, verify=tls_context()).json()[
+                "pid"
+            ]
     stop_server(server)
     if worker is not None and worker != server.process.pid:
         with contextlib.suppress(ProcessLookupError):
@@ -132,7 +136,9 @@ async def test_told_stream_ends_cut_stream_seen(start: Any, kind: str) -> None:
     begun just before the signal completes; serve exits 0."""
     server, record = start(kind)
     limits = httpx.Limits(max_keepalive_connections=0)
-    async with httpx.AsyncClient(base_url=server.url, timeout=BOUND, limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=server.url, timeout=BOUND, limits=limits, verify=tls_context()
+    ) as client:
         opened = [asyncio.Event() for _ in range(3)]
         reads = [
             asyncio.create_task(_read(client, path, event))
@@ -171,7 +177,9 @@ async def test_stop_order(start: Any, kind: str) -> None:
         writer.write(f"GET {PROCESS} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
         await writer.drain()
         assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
-        async with httpx.AsyncClient(base_url=server.url, timeout=BOUND) as client:
+        async with httpx.AsyncClient(
+            base_url=server.url, timeout=BOUND, verify=tls_context()
+        ) as client:
             assert (await client.get("/background", params={"seconds": "0.5"})).status_code == 202
         server.process.send_signal(signal.SIGTERM)
         await asyncio.wait_for(reader.read(), BOUND)  # to the end: the connection closed

@@ -23,6 +23,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from forgezero_lifecycle.core._httpx import tls_context
+
 from ._control import CONTROL_TOKEN, READY, SOURCE_REVISION
 from ._servers import RunningServer, start_server, stop_server
 
@@ -84,7 +86,7 @@ def _worker_pid(server: RunningServer) -> int | None:
     if server.process.poll() is not None:
         return None
     try:
-        pid: int = httpx.get(server.url + PROCESS, timeout=2.0).json()["pid"]
+        pid: int = httpx.get(server.url + PROCESS, timeout=2.0, verify=tls_context()).json()["pid"]
     except httpx.HTTPError:
         return None
     return pid
@@ -126,8 +128,8 @@ async def test_sigterm_drains_first(start: Any, kind: str) -> None:
     at the stream grace, and the server's own stop begins only after the drain settled."""
     server: RunningServer = start(kind, 15.0)
     async with (
-        httpx.AsyncClient(base_url=server.url, timeout=BOUND) as client,
-        httpx.AsyncClient(base_url=server.url, timeout=BOUND) as fresh,
+        httpx.AsyncClient(base_url=server.url, timeout=BOUND, verify=tls_context()) as client,
+        httpx.AsyncClient(base_url=server.url, timeout=BOUND, verify=tls_context()) as fresh,
     ):
         assert (await client.get(PROCESS)).json()["hooked"] == ["SIGTERM", "SIGINT"]
         websocket = await _open_websocket(server)
@@ -166,7 +168,9 @@ async def test_second_signal_to_server(start: Any, kind: str) -> None:
     settles, the request still running is cut, and the process is gone long before the
     drain's 30 s deadline (on 3.12.1+ the server's stop waits for every open connection)."""
     server: RunningServer = start(kind, 30.0)
-    async with httpx.AsyncClient(base_url=server.url, timeout=BOUND) as client:
+    async with httpx.AsyncClient(
+        base_url=server.url, timeout=BOUND, verify=tls_context()
+    ) as client:
         worker: int = (await client.get(PROCESS)).json()["pid"]
         slow = asyncio.create_task(client.get("/slow", params={"seconds": "60"}))
         await _wait_for(lambda: _admitted(client, 1, 0), "admitted", server)
@@ -195,7 +199,9 @@ async def test_second_signal_to_server(start: Any, kind: str) -> None:
 async def test_lifespan_off_hooks(start: Any, kind: str) -> None:
     """``--lifespan off``: the hook is installed by the first request and SIGTERM drains."""
     server: RunningServer = start(kind, 15.0, "--lifespan", "off")
-    async with httpx.AsyncClient(base_url=server.url, timeout=BOUND) as client:
+    async with httpx.AsyncClient(
+        base_url=server.url, timeout=BOUND, verify=tls_context()
+    ) as client:
         assert (await client.get(PROCESS)).json()["hooked"] == ["SIGTERM", "SIGINT"]
         slow = asyncio.create_task(client.get("/slow", params={"seconds": "2"}))
         await _wait_for(lambda: _admitted(client, 1, 0), "admitted", server)
@@ -215,7 +221,9 @@ async def test_hypercorn_parent_unhooked(start: Any) -> None:
     hooked, a startup warning names ``forgezero-lifecycle serve``, and SIGTERM is hypercorn's."""
     # Unmeasured: coverage's own SIGTERM handler in the child would be a handler to hook.
     server: RunningServer = start("hypercorn", 15.0, measured=False)
-    async with httpx.AsyncClient(base_url=server.url, timeout=BOUND) as client:
+    async with httpx.AsyncClient(
+        base_url=server.url, timeout=BOUND, verify=tls_context()
+    ) as client:
         assert (await client.get(PROCESS)).json()["hooked"] == []
     server.process.send_signal(signal.SIGTERM)
     await _wait_exit(server)

@@ -17,6 +17,7 @@ from typing import Any, Final
 import anyio
 import httpx
 
+from forgezero_lifecycle.core._httpx import tls_context
 from tests.real_servers._control import AUTH, CONTROL_TOKEN, WireControl, drain_request, new_nonce
 from tests.real_servers._servers import RunningServer, start_server, stop_server
 from tests.real_servers.conftest import _KNOWN_QUIRKS, _LOG_ALARMS
@@ -152,7 +153,9 @@ class Fleet:
                 kind, "tests.reliability.app:app", log_path=log_path, environment=environment
             )
         )
-        http = httpx.AsyncClient(base_url=server.url, timeout=10.0, trust_env=False)
+        http = httpx.AsyncClient(
+            base_url=server.url, timeout=10.0, trust_env=False, verify=tls_context()
+        )
         generation = Generation(label, revision, server, records, http, WireControl(http))
         self.generations.append(generation)
         return generation

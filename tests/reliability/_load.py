@@ -23,6 +23,7 @@ import anyio
 import anyio.abc
 import httpx
 
+from forgezero_lifecycle.core._httpx import tls_context
 from forgezero_lifecycle.stop.connections import CLOSE_REFUSAL_HEADER
 from forgezero_lifecycle.stop.server import FIRST_BYTE_GRACE
 
@@ -79,6 +80,7 @@ class Target:
             trust_env=False,
             http1=not http2,
             http2=http2,
+            verify=tls_context(),
         )
         return cls(label, url, client)
 

@@ -36,6 +36,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from forgezero_lifecycle.core._httpx import tls_context
 from forgezero_lifecycle.stop.server import FIRST_BYTE_GRACE
 from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, popen_logged
 from tests.serve.conftest import alive
@@ -206,7 +207,7 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
 
 async def _live(url: str) -> bool:
     try:
-        async with httpx.AsyncClient(trust_env=False, timeout=2) as client:
+        async with httpx.AsyncClient(trust_env=False, timeout=2, verify=tls_context()) as client:
             return (await client.get(url + "/.forgezero/runtime/live")).status_code == 200
     except httpx.TransportError:
         return False

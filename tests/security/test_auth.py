@@ -20,6 +20,7 @@ import httpx
 import pytest
 import uvicorn
 
+from forgezero_lifecycle.core._httpx import tls_context
 from forgezero_lifecycle.runtime import Runtime
 from forgezero_lifecycle.wire import paths
 from tests.real_servers._servers import free_port
@@ -223,7 +224,7 @@ async def test_tokens_never_shown(
 
     async with (
         _served(old_app) as old_url,
-        httpx.AsyncClient(base_url=old_url, trust_env=False) as old_http,
+        httpx.AsyncClient(base_url=old_url, trust_env=False, verify=tls_context()) as old_http,
         _client(failing.wrap(inner_app)) as failing_http,
         _client(taking.wrap(inner_app)) as taking_http,
     ):

@@ -24,6 +24,7 @@ from typing import Any, Final
 import httpx
 import pytest
 
+from forgezero_lifecycle.core._httpx import tls_context
 from tests.cli.conftest import CONTROL_TOKEN, free_port, popen_logged, start_serve
 from tests.reliability.conftest import sqlite_jobs
 
@@ -99,11 +100,23 @@ class Supervised:
         """A request on a new connection, so the kernel may hand it to any worker."""
         headers = {"connection": "close", **options.pop("headers", {})}
         return httpx.get(
-            self.url + path, timeout=BOUND, trust_env=False, headers=headers, **options
+            self.url + path,
+            timeout=BOUND,
+            trust_env=False,
+            headers=headers,
+            verify=tls_context(),
+            **options,
         )
 
     def post(self, path: str, body: object) -> httpx.Response:
-        return httpx.post(self.url + path, json=body, headers=AUTH, timeout=BOUND, trust_env=False)
+        return httpx.post(
+            self.url + path,
+            json=body,
+            headers=AUTH,
+            timeout=BOUND,
+            trust_env=False,
+            verify=tls_context(),
+        )
 
     def worker_records(self) -> dict[int, list[str]]:
         """Each worker's record lines (times dropped), by PID."""

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from forgezero_lifecycle.core._httpx import tls_context
 from forgezero_lifecycle.stop.accepting import DEFER_LIMIT, Tally, may_accept
 
 from .conftest import BOUND, StartSupervised, Supervised
@@ -73,7 +74,9 @@ def _first_answer(served: Supervised) -> None:
     while True:
         assert served.process.poll() is None, served.log()
         try:
-            if httpx.get(served.url + "/busy", timeout=BOUND, trust_env=False).is_success:
+            if httpx.get(
+                served.url + "/busy", timeout=BOUND, trust_env=False, verify=tls_context()
+            ).is_success:
                 return
         except httpx.TransportError:
             assert time.monotonic() < deadline, f"no answer within {BOUND} s:\n{served.log()}"

@@ -9,6 +9,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from forgezero_lifecycle.core._httpx import tls_context
+
 from .conftest import AUTH, BOUND, StartSupervised
 
 pytestmark = pytest.mark.server
@@ -99,12 +101,21 @@ def test_rebound_reload_refused(
         headers={"host": "evil.example", "content-type": "text/plain"},
         trust_env=False,
         timeout=BOUND,
+        verify=tls_context(),
     )
     assert (rebound.status_code, rebound.json()["error"]) == (401, "RUNTIME_UNAUTHORIZED")
-    plain = httpx.post(reload, content=b"", headers={"content-type": "text/plain"}, trust_env=False)
+    plain = httpx.post(
+        reload,
+        content=b"",
+        headers={"content-type": "text/plain"},
+        trust_env=False,
+        verify=tls_context(),
+    )
     assert (plain.status_code, plain.json()["error"]) == (415, "RUNTIME_CONTENT_TYPE")
-    latest = httpx.get(served.url + PREFIX + "supervisor/v1/handover", trust_env=False)
+    latest = httpx.get(
+        served.url + PREFIX + "supervisor/v1/handover", trust_env=False, verify=tls_context()
+    )
     assert (latest.status_code, latest.json()["detail"]) == (404, "no handover has begun")
-    accepted = httpx.post(reload, json={}, trust_env=False, timeout=BOUND)
+    accepted = httpx.post(reload, json={}, trust_env=False, timeout=BOUND, verify=tls_context())
     assert accepted.status_code == 202, accepted.text
     served.wait_log("supervisor.handover_done from=1 to=2")

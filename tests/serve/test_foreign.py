@@ -21,6 +21,7 @@ from typing import Final
 import httpx
 import pytest
 
+from forgezero_lifecycle.core._httpx import tls_context
 from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port
 
 from .conftest import AUTH, alive
@@ -81,7 +82,12 @@ def _workers(parent: int) -> set[int]:
 
 def _get(url: str, **options: object) -> httpx.Response:
     return httpx.get(
-        url, timeout=5, trust_env=False, headers={"connection": "close", **AUTH}, **options
+        url,
+        timeout=5,
+        trust_env=False,
+        headers={"connection": "close", **AUTH},
+        verify=tls_context(),
+        **options,
     )
 
 
@@ -113,7 +119,14 @@ def test_one_worker_drain_refused(kind: str, tmp_path: Path) -> None:
     try:
         _wait_serving(process, url, log_path, seen)
         request = _request()
-        begun = httpx.post(url + BEGIN, json=request, headers=AUTH, timeout=5, trust_env=False)
+        begun = httpx.post(
+            url + BEGIN,
+            json=request,
+            headers=AUTH,
+            timeout=5,
+            trust_env=False,
+            verify=tls_context(),
+        )
         assert begun.status_code == 409, begun.text
         refusal = begun.json()
         assert refusal["error"] == "RUNTIME_DRAIN_SHARED_LISTENER"

@@ -25,6 +25,7 @@ import anyio
 import httpx
 import pytest
 
+from forgezero_lifecycle.core._httpx import tls_context
 from forgezero_lifecycle.stop.server import FIRST_BYTE_GRACE
 from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, popen_logged
 from tests.reliability._load import HttpLoad, LateSenders, Router, Target, refused_before
@@ -70,7 +71,7 @@ def _command(kind: str, port: int) -> list[str]:
 async def _live(url: str) -> bool:
     """Whether a worker answers the liveness probe (which the records leave out)."""
     try:
-        async with httpx.AsyncClient(trust_env=False, timeout=2) as client:
+        async with httpx.AsyncClient(trust_env=False, timeout=2, verify=tls_context()) as client:
             return (await client.get(url + "/.forgezero/runtime/live")).status_code == 200
     except httpx.TransportError:
         return False

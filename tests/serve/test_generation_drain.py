@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from forgezero_lifecycle.core._httpx import tls_context
 from tests._starlette_routes import needs_route_in_scope
 
 from .conftest import AUTH, StartSupervised, Supervised
@@ -132,7 +133,9 @@ def test_retry_and_conflict(
     wrong = served.post(BEGIN, {**_request(), "sourceRevision": "b" * 40})
     assert wrong.status_code == 409
     assert wrong.json()["error"] == "RUNTIME_DRAIN_REVISION_MISMATCH"
-    unauthenticated = httpx.post(served.url + BEGIN, json=_request(), trust_env=False)
+    unauthenticated = httpx.post(
+        served.url + BEGIN, json=_request(), trust_env=False, verify=tls_context()
+    )
     assert unauthenticated.status_code == 401
     assert served.get(STATUS, params={"nonce": "x" * 43}, headers=AUTH).status_code == 404
 

@@ -25,6 +25,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from forgezero_lifecycle.core._httpx import tls_context
 from tests.cli.conftest import CONTROL_TOKEN, PROJECT_ROOT, free_port, popen_logged
 from tests.reliability._constants import HANDOFF_TOKEN
 from tests.reliability._jobs import SharedJobs
@@ -419,7 +420,7 @@ async def test_peers_same_load(tmp_path: Path, kind: str) -> None:
 
 async def _answers(url: str) -> bool:
     try:
-        async with httpx.AsyncClient(trust_env=False, timeout=2) as client:
+        async with httpx.AsyncClient(trust_env=False, timeout=2, verify=tls_context()) as client:
             return (await client.get(url + "/fast")).status_code == 200
     except httpx.TransportError:
         return False

@@ -18,6 +18,7 @@ import anyio
 import httpx
 import pytest
 
+from forgezero_lifecycle.core._httpx import tls_context
 from tests.cli.conftest import CONTROL_TOKEN
 from tests.reliability._load import HttpLoad, Router, Target
 from tests.reliability._records import ServerRecords
@@ -151,7 +152,9 @@ class Pinned:
 
     async def _client(self) -> None:
         while not self.stopping.is_set():
-            async with httpx.AsyncClient(base_url=self.url, timeout=15, trust_env=False) as http:
+            async with httpx.AsyncClient(
+                base_url=self.url, timeout=15, trust_env=False, verify=tls_context()
+            ) as http:
                 while not self.stopping.is_set():
                     try:
                         answer = await http.get("/pid")
@@ -204,7 +207,9 @@ async def test_frozen_worker_is_replaced_then_killed(
     assert new <= answering, (new, answering)
     total = clients.ok + clients.failed
     assert clients.ok / total >= 0.95, (clients.ok, clients.failed)
-    async with httpx.AsyncClient(base_url=served.url, trust_env=False, timeout=30) as http:
+    async with httpx.AsyncClient(
+        base_url=served.url, trust_env=False, timeout=30, verify=tls_context()
+    ) as http:
         status = (await http.get(STATUS_PATH, headers=AUTH)).json()
     assert [entry["pid"] for entry in status["unresponsive"]] == [frozen]
     assert status["replaced"] == {"unresponsive": 1}
@@ -238,7 +243,9 @@ async def test_ttin_ttou_and_scale_request(
         await anyio.to_thread.run_sync(
             lambda: served.wait_for(lambda: len(served.workers()) == 2, "two workers")
         )
-        async with httpx.AsyncClient(base_url=served.url, trust_env=False, timeout=30) as http:
+        async with httpx.AsyncClient(
+            base_url=served.url, trust_env=False, timeout=30, verify=tls_context()
+        ) as http:
             unauthorized = await http.post(SCALE_PATH, json={"by": -1})
             assert unauthorized.status_code == 401
             bad = await http.post(SCALE_PATH, json={"by": 2}, headers=AUTH)

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from forgezero_lifecycle.core._httpx import tls_context
 from forgezero_lifecycle.wire.supervisor import HandoverStatus
 from tests.cli._run import run
 from tests.cli.conftest import CONTROL_TOKEN
@@ -156,7 +157,10 @@ def test_control_reload_hands_over(
     for method in ("POST", "GET"):
         path = "reload" if method == "POST" else "handover"
         refused = httpx.request(
-            method, f"{served.url}/.forgezero/runtime/supervisor/v1/{path}", trust_env=False
+            method,
+            f"{served.url}/.forgezero/runtime/supervisor/v1/{path}",
+            trust_env=False,
+            verify=tls_context(),
         )
         assert refused.status_code == 401, path
     assert served.get(HANDOVER, headers=AUTH).status_code == 404  # none begun yet

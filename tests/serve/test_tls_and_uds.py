@@ -28,6 +28,7 @@ import anyio
 import httpx
 import pytest
 
+from forgezero_lifecycle.core._httpx import tls_context
 from tests.certificates import self_signed
 from tests.cli.conftest import CONTROL_TOKEN, free_port, popen_logged
 from tests.reliability._constants import HANDOFF_TOKEN
@@ -114,7 +115,11 @@ def _limits() -> httpx.Limits:
 
 def _tcp_client(port: int) -> Callable[[], httpx.AsyncClient]:
     return lambda: httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}", limits=_limits(), timeout=BOUND, trust_env=False
+        base_url=f"http://127.0.0.1:{port}",
+        limits=_limits(),
+        timeout=BOUND,
+        trust_env=False,
+        verify=tls_context(),
     )
 
 
@@ -367,6 +372,7 @@ def test_flags_reach_every_worker(supervised: Callable[..., Supervised]) -> None
             headers={"connection": "close"},
             timeout=BOUND,
             trust_env=False,
+            verify=tls_context(),
         )
         assert response.status_code == 200
         answers[response.json()["pid"]] = response.headers
