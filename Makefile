@@ -28,11 +28,10 @@ install: $(STAMP)
 
 # The suite runs in TEST_WORKERS pytest-xdist processes whatever the core count: most real-server
 # tests wait on subprocesses, sockets and graces, not on a core (tests/conftest.py starts the
-# longest first). A process that runs out of tests takes pending ones from another's queue
-# (worksteal): with `--dist load` the last minute was one process running the queued load
-# tests one after the other while the others idled. TEST_WORKERS=0 runs it in one process.
+# longest first, and the tests that send a user's load in two lanes of their own: loadgroup).
+# TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 8
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist worksteal)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup)
 
 # The suite starts a few hundred Python processes, each importing the library. Where the
 # environment turns bytecode writing off (PYTHONDONTWRITEBYTECODE, set in some CI images), each

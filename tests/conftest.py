@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import resource
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -24,6 +26,8 @@ import pytest
 #: which then sends late and meets closes a real client would not (the stop's first-byte grace).
 LOAD_SLOTS: Final = 2
 _SLOTS_DIRECTORY: Final = "FORGEZERO_TEST_LOAD_SLOTS"
+#: The file in that folder that maps each load test's node id to its lane.
+_LANES: Final = "lanes.json"
 
 
 @pytest.fixture(scope="session")
@@ -54,14 +58,58 @@ def pytest_configure(config: pytest.Config) -> None:
     workers, started after this, inherit its path."""
     if not hasattr(config, "workerinput") and _SLOTS_DIRECTORY not in os.environ:
         os.environ[_SLOTS_DIRECTORY] = tempfile.mkdtemp(prefix="forgezero-load-slots-")
+        config.add_cleanup(lambda: shutil.rmtree(os.environ.pop(_SLOTS_DIRECTORY), True))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist, hand the long tests out first (the rest, in collection order, fill
-    the gaps), so that the last minute of a run is not one long test started late."""
-    if not getattr(config.option, "numprocesses", None):
+    the gaps), so that the last minute of a run is not one long test started late; the ``load``
+    tests go first of all, dealt in turn into :data:`LOAD_SLOTS` lanes (:class:`_LoadLanes`)."""
+    if not hasattr(config, "workerinput"):  # the order that counts is a worker's collection's
         return
-    items.sort(key=lambda item: not _runs_long(item))  # stable: collection order within each
+    # Stable: collection order within each kind.
+    items.sort(key=lambda item: (item.get_closest_marker("load") is None, not _runs_long(item)))
+    loads = [item.nodeid for item in items if item.get_closest_marker("load") is not None]
+    lanes = {nodeid: f"load-lane-{number % LOAD_SLOTS}" for number, nodeid in enumerate(loads)}
+    # Every worker collects the same tests and writes the same lanes; the controller reads them
+    # once all workers have collected.
+    directory = Path(os.environ[_SLOTS_DIRECTORY])
+    written = directory / f"{_LANES}.{config.workerinput['workerid']}"
+    written.write_text(json.dumps(lanes))
+    written.replace(directory / _LANES)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, absent under -p no:xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadgroup`` (``make test``): the lanes of :class:`_LoadLanes`."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    return _load_lanes_scheduler()(config, log)
+
+
+def _load_lanes_scheduler() -> type:
+    from xdist.scheduler import LoadScopeScheduling  # only under pytest-xdist
+
+    class _LoadLanes(LoadScopeScheduling):
+        """The ``load`` tests in :data:`LOAD_SLOTS` lanes, each lane one process's from the
+        start of the run, one test after the other; every other test a unit of its own for
+        the other processes. Without lanes, a process whose next test was a load test sat
+        waiting for a load slot, and at times most of them did while the other tests queued.
+
+        What ``--dist loadgroup`` does with ``xdist_group`` marks, but pytest-xdist 3.8 groups
+        by renaming the item's node id, which pytest 9.2 no longer takes (its ``nodeid`` is
+        read from ``_id``), so the lanes come from the workers' collection
+        (:func:`pytest_collection_modifyitems`). The lanes, the largest units, are handed out
+        first (xdist's loadscope orders units by size)."""
+
+        _lanes: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._lanes is None:
+                self._lanes = json.loads((Path(os.environ[_SLOTS_DIRECTORY]) / _LANES).read_text())
+            return self._lanes.get(nodeid, nodeid)
+
+    return _LoadLanes
 
 
 @pytest.fixture(autouse=True)
