@@ -39,7 +39,7 @@ XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist l
 unexport PYTHONDONTWRITEBYTECODE
 
 # COVERAGE=1 measures branch coverage, subprocesses included (about a third more CPU), but for
-# the servers the `load` tests start (tests/conftest.py). CI does not yet: .ci/run says why.
+# the `load` tests, which run untraced (tests/conftest.py). CI runs make test this way.
 RUN_PYTEST = $(if $(COVERAGE),$(BIN)/coverage run -m pytest,$(BIN)/python -m pytest)
 
 test: $(STAMP)

@@ -13,6 +13,7 @@ import logging
 import os
 import resource
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -136,13 +137,28 @@ def _logging_restored() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def _load_servers_untraced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under ``make coverage``, the servers a ``load`` test starts run without coverage's
-    tracer (which roughly doubles their CPU): their timing is what such a test judges, and every
-    path they take is measured by the real-server tests that send no load."""
-    if request.node.get_closest_marker("load") is not None:
-        monkeypatch.delenv("COVERAGE_PROCESS_CONFIG", raising=False)
-        monkeypatch.delenv("COVERAGE_PROCESS_START", raising=False)
+def _load_untraced(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """Under ``make coverage``, a ``load`` test runs without coverage's tracer, in its own
+    process (its clients) and in the servers it starts: tracing roughly doubles their CPU, and
+    their timing is what such a test judges (a client that lags sends late, as no real client
+    of an idle machine would). Every path they take is measured by the tests that send no load."""
+    if request.node.get_closest_marker("load") is None:
+        yield
+        return
+    monkeypatch.delenv("COVERAGE_PROCESS_CONFIG", raising=False)
+    monkeypatch.delenv("COVERAGE_PROCESS_START", raising=False)
+    coverage = sys.modules.get("coverage")  # imported by `coverage run` only
+    tracing = coverage.Coverage.current() if coverage is not None else None
+    if tracing is None:
+        yield
+        return
+    tracing.stop()
+    try:
+        yield
+    finally:
+        tracing.start()
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
