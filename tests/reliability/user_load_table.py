@@ -32,7 +32,7 @@ BEGIN: Final = "<!-- user-load:begin (tests/reliability/user_load_table.py) -->"
 END: Final = "<!-- user-load:end -->"
 HEADER: Final = (
     "| row | runs | requests a run | lost before the stop | lost at the stop "
-    "| refused before the stop | stop after SIGTERM | first burst per worker |\n"
+    "| refused before the stop | stop after SIGTERM | bursts per worker |\n"
     "|---|---|---|---|---|---|---|---|"
 )
 #: How each row is named in the docs.
