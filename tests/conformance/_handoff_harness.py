@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, RootModel, model_validator
 
 from forgezero_lifecycle._canonical import canonical_json
 from forgezero_lifecycle.wire.handoff import StateImportContext
+from tests.real_servers._servers import free_port
 
 
 class AnyValue(RootModel[Any]):
@@ -116,18 +116,11 @@ class Sources:
         return text.replace("{port}", str(self.ports.get("main", 0)))
 
 
-def _unused_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 @contextlib.asynccontextmanager
 async def serving(spec: dict[str, Any]) -> AsyncIterator[Sources]:
     """Serve ``main`` on 127.0.0.1 and ``alt`` on 127.0.0.2, or refuse (no listener)."""
     if spec.get("refused"):
-        yield Sources(ports={"main": _unused_port()})
+        yield Sources(ports={"main": free_port()})  # nobody listens
         return
     sources = Sources(ports={})
     release = asyncio.Event()

@@ -48,26 +48,40 @@ MORE_SERVER_KINDS: Final = ("hypercorn-single", "gunicorn")
 GUNICORN_GRACEFUL_TIMEOUT: Final = 10
 
 
-#: Every port :func:`free_port` has handed out in this test process, and the lock over it.
-_HANDED_OUT: Final[set[int]] = set()
+#: Where :func:`free_port` hands ports out: below Linux's ephemeral range (32768-60999 by
+#: default), which the kernel gives to ``bind(port 0)`` and to every client connection's own end.
+#: A port taken from there by one test was seen reused by another test process's server before
+#: the first one's server bound it (``[Errno 98]``, and the first test's clients were answered
+#: 404 by the other's app), and a client connection of the suite's loads may hold it as its
+#: source port. Each pytest-xdist worker (``gwN``) has a block of its own.
+PORTS: Final = range(20000, 32000)
+_BLOCK: Final = len(PORTS) // 32
+#: The next port this process tries, and the lock over it (servers are started from threads).
+_next_port: int | None = None
 _HANDING_OUT: Final = threading.Lock()
 
 
 def free_port() -> int:
-    """A loopback port nobody listens on right now (the uvicorn CLI cannot bind port 0).
-
-    Never the same port twice in one test process: servers started side by side (in threads)
-    could otherwise be handed one port, and the one that fails to bind it would look live,
-    since its liveness probe reaches the other.
-    """
+    """A loopback port nobody listens on right now (the uvicorn CLI cannot bind port 0), from
+    this process's block of :data:`PORTS`, in turn: a port comes again only after the whole
+    block, and never from another worker's. Servers started side by side could otherwise be
+    handed one port, and the one that fails to bind it would look live, since its liveness probe
+    reaches the other."""
+    global _next_port
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = PORTS.start + (int(worker) % 32 if worker.isdigit() else 0) * _BLOCK
     with _HANDING_OUT:
-        while True:
+        for _ in range(_BLOCK):
+            if _next_port is None:  # apart from another run's worker of the same number
+                _next_port = first + os.getpid() % _BLOCK
+            port, _next_port = _next_port, first + (_next_port + 1 - first) % _BLOCK
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-                probe.bind(("127.0.0.1", 0))
-                port: int = probe.getsockname()[1]
-            if port not in _HANDED_OUT:
-                _HANDED_OUT.add(port)
-                return port
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    continue  # taken: by another program, or a server of this run still up
+            return port
+    raise RuntimeError(f"no free port in {first}-{first + _BLOCK - 1}")
 
 
 def _command(kind: str, target: str, port: int, log_level: str) -> list[str]:
