@@ -1,6 +1,7 @@
-"""Shared test configuration: every async test runs on asyncio; under pytest-xdist the longest
-tests start first, and at most :data:`LOAD_SLOTS` tests that send a user's load (marked
-``load``) run at once. ``FORGEZERO_TEST_CPU=PATH`` appends each test's CPU seconds to PATH (its
+"""Shared test configuration: every async test runs on asyncio; under pytest-xdist the tests
+that send a user's load (marked ``load``) run in :data:`LOAD_SLOTS` lanes of their own
+(``--dist loadgroup``; elsewhere at most that many at once, through file locks) and the other
+long tests start first. ``FORGEZERO_TEST_CPU=PATH`` appends each test's CPU seconds to PATH (its
 own process's, and its reaped subprocesses') and its wall-clock start and end: where the suite's
 time goes."""
 
