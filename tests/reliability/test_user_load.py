@@ -8,14 +8,13 @@ three kinds of WebSocket client: echo sessions that talk, readers of a server-pu
 only read, and clients of a fat push route that never read.
 
 The row's reload (if it offers one) comes under that load, :data:`~._rows.RELOADS` times, then
-the final SIGTERM. Each HTTP
-request is sent once (a client with nowhere else to go) and judged against the workers' own
-records: answered, refused (503 ``RUNTIME_DRAINING`` or a refused connection, never begun), or
-lost. Every row promises 0 lost and 0 refused before the final SIGTERM, and every generation a
-reload starts serves some of the load; the WebSocket sessions
-that read end with a close frame (1012 at a drain, to reconnect); the stop ends within the
-drain deadline and the row's own stop parts (``Row.stop_past_deadline``); where a row promises
-it, every worker takes at least :data:`SHARE` of a burst, at start-up and after each handover.
+the final SIGTERM. Each HTTP request is sent once (a client with nowhere else to go) and judged
+against the workers' own records: answered, refused (503 ``RUNTIME_DRAINING`` or a refused
+connection, never begun), or lost. Every row promises 0 lost and 0 refused before the final
+SIGTERM, and every generation a reload starts serves; the WebSocket sessions that read end with
+a close frame (1012 at a drain, to reconnect); the stop ends within the drain deadline and the
+row's own stop parts (``Row.stop_past_deadline``); where a row promises it, every worker takes
+at least :data:`SHARE` of a burst, at start-up and after each handover.
 Each run's figures go to the reliability report (``FORGEZERO_RELIABILITY_REPORT``), whose rows
 docs/servers.md quotes.
 """
