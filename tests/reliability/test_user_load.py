@@ -24,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -67,6 +69,12 @@ UNDER_LOAD: Final = 1.5
 AFTER_EXIT: Final = 0.5
 #: Slack on the stop's bound for a loaded machine (the suite runs in parallel processes).
 SLACK: Final = 5.0
+#: hypercorn's own stop on Python 3.12.1 and later can wait without end for an HTTP/2 connection
+#: that its client keeps open after the GOAWAY (httpx does, with no stream left on it): asyncio's
+#: ``Server.wait_closed()`` now waits for every connection, and hypercorn 0.18 awaits it before
+#: its graceful timeout applies (pgjones/hypercorn#308, open). Such a run is an expected failure
+#: of the row's stop bound, once everything before the stop has been checked.
+HYPERCORN_STOP_MAY_HANG: Final = sys.version_info >= (3, 12, 1)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row.name)
@@ -81,6 +89,8 @@ async def test_user_load(row: Row, tmp_path: Path) -> None:
     assert result["lost_before_stop"] == 0, result
     assert result["refused_before_stop"] == 0, result
     assert result["websocket_problems"] == [], result
+    if result["stop_hung"]:
+        pytest.xfail(f"hypercorn's stop hung (pgjones/hypercorn#308): {result}")
     assert result["exit_code"] in row.exit_codes, result
     assert result["stop_seconds"] <= DEADLINE + row.stop_past_deadline + SLACK, result
     assert result["after_stop"] > 0, result  # the load really met the final stop
@@ -120,6 +130,7 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
     load = UserLoad.open(url, LABEL, http2=row.http2)
     sockets = WebSocketClients(url)
     exit_code: int | None = None
+    hung = False
     signalled = exited = 0.0
     #: The workers of each generation: the first, then each reload's.
     generations: list[set[int]] = []
@@ -146,7 +157,13 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
             signalled = time.monotonic()
             sockets.final_stop = signalled
             process.send_signal(signal.SIGTERM)
-            exit_code = await anyio.to_thread.run_sync(lambda: process.wait(60))
+            try:  # past the bound the assertion fails anyway; 10 s more tell a hang from late
+                bound = DEADLINE + row.stop_past_deadline + SLACK + 10
+                exit_code = await anyio.to_thread.run_sync(lambda: process.wait(bound))
+            except subprocess.TimeoutExpired:
+                if not (row.http2 and HYPERCORN_STOP_MAY_HANG):
+                    raise
+                hung = True  # the process is killed below, once the load has met it
             exited = time.monotonic()
             await anyio.sleep(AFTER_EXIT)
             load.stop()
@@ -200,6 +217,7 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
             for r in refused_before(everything, signalled)
         ][:10],
         "exit_code": exit_code,
+        "stop_hung": hung,
         "log": log_path.read_text()[-3000:],
     }
 
