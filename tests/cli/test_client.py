@@ -368,9 +368,14 @@ async def test_clients_share_one_tls_context(monkeypatch: pytest.MonkeyPatch) ->
     loaded: list[object] = []
     original = ssl.SSLContext.load_verify_locations
 
-    def counted(context: ssl.SSLContext, *args: object, **kwargs: object) -> None:
-        loaded.append(args or kwargs)
-        original(context, *args, **kwargs)  # type: ignore[arg-type]
+    def counted(
+        context: ssl.SSLContext,
+        cafile: str | None = None,
+        capath: str | None = None,
+        cadata: str | bytes | None = None,
+    ) -> None:
+        loaded.append(cafile or capath or cadata)
+        original(context, cafile, capath, cadata)
 
     monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counted)
     for _ in range(3):

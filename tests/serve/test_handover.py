@@ -389,7 +389,7 @@ async def test_peers_same_load(tmp_path: Path, kind: str) -> None:
                 seen |= before
                 process.send_signal(signal.SIGHUP)
                 with anyio.fail_after(60):  # the reload is over once every old worker is gone
-                    while before & _workers(process.pid):  # noqa: ASYNC110 - /proc
+                    while before & _workers(process.pid):  # noqa: ASYNC110 - exits seen in /proc
                         await anyio.sleep(0.05)
                 seen.update(children_of(process.pid))
                 await anyio.sleep(LOAD_SECONDS)  # the new workers carry the load for a while
