@@ -2,10 +2,10 @@
 
 Usage: python proc_worker.py --store sqlite|postgres --target PATH_OR_DSN [--schema S]
        --owner NAME --mode work|hang [--lease S] [--concurrency N] [--drain-timeout S]
-       [--work-ms MS]
+       [--work-ms MS] [--gate PATH]
 
 ``work`` handlers insert ``(job_id, owner)`` into ``app_results`` inside the completion
-transaction; ``hang`` handlers print ``STARTED <id> <fence>`` and block. SIGTERM drains the worker
+transaction; with ``--gate`` they first print ``CLAIMED`` (once) and wait until PATH exists; ``hang`` handlers print ``STARTED <id> <fence>`` and block. SIGTERM drains the worker
 (``worker.stop(drain_timeout)``) and prints ``DRAINED``. Lines go to stdout, flushed.
 """
 
@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import random
 import signal
+from pathlib import Path
 from typing import Any
 
 from forgezero_lifecycle.jobs import JobWorker, Lease, SQLiteJobStore
@@ -44,11 +45,20 @@ async def main(args: argparse.Namespace) -> None:
         release_margin=args.drain_timeout / 4,
     )
 
+    claimed = False
+
     @worker.handler("q")
     async def handle(lease: Lease[Any]) -> None:
+        nonlocal claimed
         if args.mode == "hang":
             say(f"STARTED {lease.job.id} {lease.fence}")
             await asyncio.Event().wait()
+        if args.gate is not None:
+            if not claimed:
+                claimed = True
+                say("CLAIMED")
+            while not args.gate.exists():  # noqa: ASYNC110 - another process's file
+                await asyncio.sleep(0.01)
         await asyncio.sleep(random.random() * args.work_ms / 1000)  # outside the write lock
         async with lease.commit() as conn:
             await conn.execute(insert, (lease.job.id, args.owner))
@@ -74,4 +84,5 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--drain-timeout", type=float, default=1.0)
     parser.add_argument("--work-ms", type=float, default=3.0)
+    parser.add_argument("--gate", type=Path)
     asyncio.run(main(parser.parse_args()))

@@ -145,17 +145,24 @@ async def enqueue_all(store: Any, count: int) -> None:
             await store.enqueue("q", {"i": i}, idempotency_key=f"job-{i}", conn=conn)
 
 
-async def test_two_processes_share_db(shared: Shared) -> None:
-    """Two processes burn down one queue: every job completes exactly once."""
+async def test_two_processes_share_db(shared: Shared, tmp_path: Path) -> None:
+    """Two processes burn down one queue: every job completes exactly once.
+
+    Each process's handlers hold at a gate until both have claimed a job, so both take part
+    however the machine schedules them (without it, one fast process sometimes did it all).
+    """
     total = 300
-    # 50 ms a job: alone, one process needs seconds for the queue, so the other one, on a loaded
-    # machine, has that long to claim its first job (20 ms left it too little: one did it all).
+    gate = tmp_path / "gate"
     workers = [
-        shared.spawn(f"gen-{n}", "work", "--lease", "2", "--work-ms", "50") for n in range(2)
+        shared.spawn(f"gen-{n}", "work", "--lease", "2", "--work-ms", "20", "--gate", str(gate))
+        for n in range(2)
     ]
     for proc in workers:
         await proc.wait_line("READY")
     await enqueue_all(shared.store, total)
+    for proc in workers:
+        await proc.wait_line("CLAIMED")
+    gate.touch()
     await shared.wait_done(total, seconds=40)
     for proc in workers:
         assert await proc.finish(signal.SIGTERM) == 0
