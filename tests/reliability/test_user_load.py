@@ -69,8 +69,9 @@ UNDER_LOAD: Final = 1.5
 AFTER_EXIT: Final = 0.5
 #: Slack on the stop's bound for a loaded machine (the suite runs in parallel processes).
 SLACK: Final = 5.0
-#: hypercorn's own stop on Python 3.12.1 and later can wait without end for an HTTP/2 connection
-#: that its client keeps open after the GOAWAY (httpx does, with no stream left on it): asyncio's
+#: hypercorn's own stop on Python 3.12.1 and later can wait without end for an h2c connection
+#: whose first request it read only after its stop began: it resets that stream, takes no more,
+#: and never closes the connection (its idle timer is off), while httpx keeps it open. asyncio's
 #: ``Server.wait_closed()`` now waits for every connection, and hypercorn 0.18 awaits it before
 #: its graceful timeout applies (pgjones/hypercorn#308, open). Such a run is an expected failure
 #: of the row's stop bound, once everything before the stop has been checked.
