@@ -287,3 +287,64 @@ async def test_goaway_on_a_connection_that_carried_no_app_request(
         await asyncio.wait_for(prober.closed.wait(), BOUND)
     finally:
         await prober.aclose()
+
+
+async def test_goaway_waits_for_the_last_frames_of_a_slow_client(hypercorn: Any) -> None:
+    """A stream leaves hypercorn's ``streams`` once its app is done, while its last DATA and
+    END_STREAM may still wait for a client slow to read. The final GOAWAY (and the close) wait
+    for those too: the client receives the response whole and ended, then the GOAWAY.
+
+    The slow client is played by pausing the server's writing, as its transport does above its
+    high-water mark: a real client cannot be stopped at that exact frame. Before the fix the
+    GOAWAY went out between the last DATA and END_STREAM and the close dropped END_STREAM.
+    """
+    clock = ManualClock()
+    runtime = Runtime(
+        control_token=TOKEN, clock=clock, not_ready_grace=NOT_READY_GRACE, drain_on_signal=False
+    )
+    sends: list[Any] = []
+    go_on = asyncio.Event()
+    returned = asyncio.Event()
+
+    async def app(scope: Message, receive: Any, send: Any) -> None:
+        sends.append(send)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await go_on.wait()
+        await send({"type": "http.response.body", "body": b"last part", "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        returned.set()
+
+    served = await hypercorn(runtime.wrap(app))
+    client = await H2Client.connect(served.port)
+    try:
+        stream_id = client.get()
+        await until(lambda: runtime.gate.statistics().http == 1)
+        runtime.drain.begin(drain_request())
+        stream = sends[0].__self__._send.__self__  # hypercorn's HTTPStream (the wrapped path)
+        protocol = stream.send.__self__  # its H2Protocol
+        writing = protocol.send.__self__.writer.transport.get_protocol()
+        writing.pause_writing()  # the client stops reading: the writer's drain() blocks
+        go_on.set()
+        await asyncio.wait_for(returned.wait(), BOUND)
+        await until(lambda: stream_id not in protocol.streams)  # the app is done with it
+        assert stream_id in protocol.stream_buffers  # its END_STREAM is not written yet
+
+        await clock.advance(NOT_READY_GRACE)  # intake closes: the final GOAWAY's moment
+        assert await asyncio.wait_for(runtime.drain.wait(), BOUND) == "drained"
+        writing.resume_writing()  # the client reads again
+        await asyncio.wait_for(client.closed.wait(), BOUND)
+        assert client.response(stream_id) == (200, b"last part", True)
+        assert goaways(client)[-1] == (stream_id, 0)
+        ended = next(
+            index
+            for index, event in enumerate(client.events)
+            if isinstance(event, h2.events.StreamEnded)
+        )
+        first_goaway = next(
+            index
+            for index, event in enumerate(client.events)
+            if isinstance(event, h2.events.ConnectionTerminated)
+        )
+        assert ended < first_goaway
+    finally:
+        await client.aclose()

@@ -11,7 +11,8 @@ A drain acts on hypercorn's own HTTP/1 streams of its asyncio worker
 * a ``WSStream`` (``send.__self__`` of a WebSocket session) and its ``send``, the same way;
 * the ``H2Protocol`` behind an HTTP/2 stream's ``send``: ``connection`` (h2's
   ``H2Connection``, for ``highest_inbound_stream_id``, and ``reset_stream`` and
-  ``data_to_send`` to reset a stream the drain cut), ``streams``, ``closed`` and ``send``;
+  ``data_to_send`` to reset a stream the drain cut), ``streams``, ``stream_buffers`` (a
+  stream's last frames not yet written), ``closed`` and ``send``;
   the stream's ``stream_id``; and hyperframe, which hypercorn's HTTP/2 brings.
 
 No underscore attribute of hypercorn's is used. :func:`missing` checks the classes at start-up;
@@ -59,7 +60,12 @@ _CLASSES: Final = (
     ),
     ("hypercorn.protocol.h11", "H11Protocol", ("connection", "send", "stream_send"), ()),
     ("hypercorn.protocol.ws_stream", "WSStream", ("send",), ("app_send",)),
-    ("hypercorn.protocol.h2", "H2Protocol", ("connection", "streams", "closed", "send"), ()),
+    (
+        "hypercorn.protocol.h2",
+        "H2Protocol",
+        ("connection", "streams", "stream_buffers", "closed", "send"),
+        (),
+    ),
     ("hypercorn.asyncio.tcp_server", "TCPServer", ("writer",), ("protocol_send",)),
 )
 

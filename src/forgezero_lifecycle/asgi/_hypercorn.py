@@ -362,6 +362,7 @@ def _learn_h2(stream: object) -> bool:
         type(protocol).__name__ == "H2Protocol"
         and hasattr(getattr(protocol, "connection", None), "highest_inbound_stream_id")
         and isinstance(getattr(protocol, "streams", None), dict)
+        and isinstance(getattr(protocol, "stream_buffers", None), dict)
         and hasattr(protocol, "closed")
         and isinstance(getattr(server, "writer", None), asyncio.StreamWriter)
         and hyperframe_found
@@ -376,8 +377,12 @@ def _learn_h2(stream: object) -> bool:
 
 
 def h2_idle(protocol: Any) -> bool:
-    """Whether the connection has no stream running (or is closed)."""
-    return bool(protocol.closed) or not protocol.streams
+    """Whether the connection has nothing left to send (or is closed): no stream running, and
+    none whose last frames still wait in hypercorn's buffers. A stream leaves ``streams`` once
+    its app is done, while its last DATA and END_STREAM may still wait for a client slow to
+    read; a GOAWAY written before them would fail the stream at an h2 client (httpx's), and the
+    final one's close would drop them."""
+    return bool(protocol.closed) or not (protocol.streams or protocol.stream_buffers)
 
 
 def stream_id(send: object) -> int:
