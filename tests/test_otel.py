@@ -352,8 +352,12 @@ async def test_handover_span_steps_and_generation_drain_child() -> None:
     assert drain.parent.span_id == handover.context.span_id
     assert dict(drain.attributes or {})["forgezero.generation"] == 1
     aborted = log.begin(2)
-    aborted.end("aborted", "generation 3 did not start")
-    assert telemetry.spans("forgezero.handover")[-1].status.status_code is StatusCode.ERROR
+    aborted.end("aborted", "generation 3 did not start", "RUNTIME_HANDOVER_START_FAILED")
+    span = telemetry.spans("forgezero.handover")[-1]
+    assert span.status.status_code is StatusCode.ERROR
+    assert dict(span.attributes or {})["forgezero.handover.failure"] == (
+        "RUNTIME_HANDOVER_START_FAILED"
+    )
 
 
 def _run(code: str) -> str:

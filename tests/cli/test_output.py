@@ -12,9 +12,16 @@ import pytest
 from forgezero_lifecycle import __version__
 from forgezero_lifecycle.cli.commands import export_url
 from forgezero_lifecycle.cli.main import build_parser
-from forgezero_lifecycle.cli.output import EXIT_FAILED, Progress, report, summary
+from forgezero_lifecycle.cli.output import (
+    EXIT_FAILED,
+    Progress,
+    handover_summary,
+    report,
+    summary,
+)
 from forgezero_lifecycle.serve import parse_duration
 from forgezero_lifecycle.wire.drain import DrainStatus
+from forgezero_lifecycle.wire.supervisor import HandoverStatus
 
 from .conftest import PROJECT_ROOT, REVISION_A, REVISION_B
 
@@ -69,6 +76,26 @@ def test_summary_names_failure() -> None:
     line = summary({**STATUS, "status": "failed", "failure": "RUNTIME_DRAIN_TIMEOUT"})
     assert line.startswith("failed  failure=RUNTIME_DRAIN_TIMEOUT  http=2")
     assert line.endswith("nonce=" + "n" * 43)
+
+
+def test_handover_summary_names_the_failure() -> None:
+    """An aborted handover's line gives its stable code, then the words; one that is done, its
+    time alone."""
+    aborted = HandoverStatus(
+        handover=2,
+        state="aborted",
+        from_generation=1,
+        to_generation=2,
+        failure="RUNTIME_HANDOVER_NOT_PROVED",
+        detail="generation 2 did not prove it serves: worker 1 did not answer",
+        seconds=10.04,
+    )
+    assert handover_summary(aborted) == (
+        "handover 2 aborted: generation 1 -> 2 in 10.0s; RUNTIME_HANDOVER_NOT_PROVED: "
+        "generation 2 did not prove it serves: worker 1 did not answer"
+    )
+    done = HandoverStatus(handover=3, state="done", from_generation=1, to_generation=3, seconds=2)
+    assert handover_summary(done) == "handover 3 done: generation 1 -> 3 in 2.0s"
 
 
 def test_shared_listener_advice(

@@ -22,7 +22,7 @@ import pytest
 
 from forgezero_lifecycle.serve import machine as m
 
-from .conftest import StartSupervised, Supervised
+from .conftest import AUTH, StartSupervised, Supervised
 
 APP: Final = "tests.serve.proof_app:app"
 CLIENTS: Final = 3
@@ -60,7 +60,7 @@ def test_proof_not_in_time_abandons_the_handover() -> None:
     the handover ends, aborted, once n's workers are gone; a stop then drains g alone."""
     machine = _serving()
     _proving(machine)
-    why = "RUNTIME_HANDOVER_NOT_PROVED: worker 1 did not answer"
+    why = "worker 1 did not answer"
     actions = machine.handle(m.ProofSettled(2, proved=False, why=why))
     (stop,) = actions
     assert isinstance(stop, m.StopWorkers)
@@ -69,7 +69,9 @@ def test_proof_not_in_time_abandons_the_handover() -> None:
     assert machine.current == 1
     assert machine.generation_state(1) is m.GenerationState.SERVING
     machine.handle(m.WorkerExited(2, 0))
-    ended = m.HandoverEnded(1, False, f"generation 2 did not prove it serves: {why}")
+    ended = m.HandoverEnded(
+        1, False, f"generation 2 did not prove it serves: {why}", "RUNTIME_HANDOVER_NOT_PROVED"
+    )
     assert ended in machine.handle(m.WorkerExited(2, 1))
     assert machine.generations() == [1]
     assert m.BeginDrain(1) in machine.handle(m.StopSignal())
@@ -204,6 +206,9 @@ def test_handover_not_proved_within_start_timeout_is_abandoned(
         served.wait_log("supervisor.handover_aborted")
         served.wait_for(lambda: len(_blocks(block_file)) == 2, "the new workers' blocks ended")
         served.wait_for(lambda: set(served.workers()) == old, "the new generation gone")
+    handover = served.get("/.forgezero/runtime/supervisor/v1/handover", headers=AUTH).json()
+    assert (handover["state"], handover["failure"]) == ("aborted", "RUNTIME_HANDOVER_NOT_PROVED")
+    assert handover["detail"].startswith("generation 2 did not prove it serves: ")
     log = served.log()
     assert "supervisor.proof_failed generation=2: RUNTIME_HANDOVER_NOT_PROVED" in log
     assert "supervisor.handover_done" not in log

@@ -201,6 +201,7 @@ def test_failed_reload_says_why(
     status = HandoverStatus.model_validate_json(result.out)
     assert (status.state, status.from_generation, status.to_generation) == ("aborted", 1, 2)
     assert "generation 2 did not start" in (status.detail or "")
+    assert status.failure == "RUNTIME_HANDOVER_START_FAILED"
     assert served.workers() == before
     mode.write_text("hang")
     begun = run(capsys, "reload", "--url", served.url, "--no-wait")
@@ -214,6 +215,7 @@ def test_failed_reload_says_why(
     assert latest()["handover"] == 2
     served.wait_for(lambda: latest()["state"] == "aborted", "handover 2 aborted", 45)
     assert "was not ready within 15 s" in latest()["detail"]
+    assert latest()["failure"] == "RUNTIME_HANDOVER_START_FAILED"
     assert served.workers() == before
 
 

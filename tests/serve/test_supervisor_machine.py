@@ -375,8 +375,11 @@ class Play:
                 case m.HandoverBegun(number=n, from_generation=old):
                     world.handover_from[n] = old
                     world.touched.discard(old)
-                case m.HandoverEnded(number=n):
+                case m.HandoverEnded(number=n, done=done, failure=failure, by_stop=by_stop):
                     world.handover_from.pop(n)
+                    # An aborted handover says why with its code; one the stop ended, that.
+                    assert (failure is None) == done, action
+                    assert (failure == "RUNTIME_HANDOVER_STOPPED") == by_stop, action
                 case m.Forget(generation=g):
                     assert not world.alive(g), f"generation {g} forgotten with live workers"
                 case m.Refused() | m.Scaled():

@@ -159,7 +159,11 @@ def handover_summary(status: HandoverStatus) -> str:
     line = f"handover {status.handover} {status.state}: {_generations(status)}"
     if status.seconds is not None:
         line += f" in {status.seconds:.1f}s"
-    if status.detail:
+    if status.failure:
+        line += f"; {status.failure}"
+        if status.detail:
+            line += f": {status.detail}"
+    elif status.detail:
         line += f"; {status.detail}"
     return line
 

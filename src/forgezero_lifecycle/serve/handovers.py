@@ -2,7 +2,8 @@
 
 Each reload (SIGHUP or ``POST supervisor/v1/reload``) begins one :class:`Handover`, numbered from
 1; it is ``running`` until generation g+1 serves and g is gone (``done``), or until g+1 could not
-start or could not take g's state and g serves on (``aborted``, with the reason). The most recent
+start, could not take g's state or did not prove it serves and g serves on, or until the stop
+ended it (``aborted``, with a code and the reason). The most recent
 :data:`RECENT` are kept, so ``forgezero-lifecycle reload`` can wait for the one it began even if
 another reload follows.
 
@@ -22,7 +23,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final, final
 
 from .._clock import SystemClock
-from ..wire.supervisor import HandoverState, HandoverStatus
+from ..wire.supervisor import HandoverFailure, HandoverState, HandoverStatus
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, TracerProvider
@@ -44,14 +45,21 @@ class Handover:
     from_generation: int
     to_generation: int | None = None
     state: HandoverState = "running"
+    failure: HandoverFailure | None = None
     detail: str | None = None
     seconds: float | None = None
     _began: float = field(default_factory=time.monotonic, repr=False)
     #: Its ``forgezero.handover`` span while it runs (None without OpenTelemetry).
     span: Span | None = field(default=None, repr=False)
 
-    def end(self, state: HandoverState, detail: str | None = None) -> None:
+    def end(
+        self,
+        state: HandoverState,
+        detail: str | None = None,
+        failure: HandoverFailure | None = None,
+    ) -> None:
         self.state = state
+        self.failure = failure
         self.detail = detail
         self.seconds = round(time.monotonic() - self._began, 3)
         span, self.span = self.span, None
@@ -61,6 +69,8 @@ class Handover:
             if self.to_generation is not None:
                 span.set_attribute("forgezero.handover.to_generation", self.to_generation)
             span.set_attribute("forgezero.handover.state", state)
+            if failure is not None:
+                span.set_attribute("forgezero.handover.failure", failure)
             if state == "aborted":
                 span.set_status(Status(StatusCode.ERROR, detail))
             span.end()
@@ -72,6 +82,7 @@ class Handover:
             state=self.state,
             from_generation=self.from_generation,
             to_generation=self.to_generation,
+            failure=self.failure,
             detail=self.detail,
             seconds=self.seconds,
         ).model_dump(mode="json")

@@ -209,9 +209,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, final
+from typing import TYPE_CHECKING, Any, Final, Literal, final
 
 from .table import TABLE, Impossible, ImpossibleEventError, Phase, Stale
+
+if TYPE_CHECKING:  # pydantic's module: the machine imports nothing of the wire at run time
+    from ..wire.supervisor import HandoverFailure
 
 __all__ = [
     "BEGINNINGS",
@@ -599,6 +602,8 @@ class HandoverEnded:
     number: int
     done: bool
     detail: str | None = None
+    #: Why it was aborted, as its stable code (None when it is done).
+    failure: HandoverFailure | None = None
     #: How g's drain settled (a handover that is done): True drained, False failed.
     old_drained: bool | None = None
     #: Ended by the stop (``detail`` says what the stop does with each generation), not
@@ -799,7 +804,7 @@ class SupervisorMachine:
         self._handovers = 0
         self._handover: int | None = None
         #: Aborted handovers, by the generation they started: reported ended once it stopped.
-        self._aborted: dict[int, tuple[int, str]] = {}
+        self._aborted: dict[int, tuple[int, HandoverFailure, str]] = {}
         self.forced = False
         #: The generations the stop waits for: each that accepted, with its drain's outcome.
         self._stop_drains: set[int] = set()
@@ -976,7 +981,9 @@ class SupervisorMachine:
             drained = [str(n) for n, g in sorted(self._generations.items()) if g.accepted]
             plural = "s" if len(drained) > 1 else ""
             what = f"{unserved}the stop drains generation{plural} {', '.join(drained)}"
-            actions.append(HandoverEnded(self._handover, False, what, by_stop=True))
+            actions.append(
+                HandoverEnded(self._handover, False, what, "RUNTIME_HANDOVER_STOPPED", by_stop=True)
+            )
             self._handover, self.old, self.new, self.step = None, None, None, None
         actions += self._give_up("the supervisor stops", failed=False)
         self._due.clear()
@@ -1057,7 +1064,10 @@ class SupervisorMachine:
         kinds = [old.kinds[index] for index in old.members()]
         refusal = state_refusal(kinds, new.kinds, token=self._state_token)
         if refusal is not None:
-            return self._abort(f"generation {new.number} cannot take the state: {refusal}")
+            return self._abort(
+                "RUNTIME_HANDOVER_STATE_REFUSED",
+                f"generation {new.number} cannot take the state: {refusal}",
+            )
         self.step = Step.PROVING
         live = new.live()
         return [*self._accept(new, live), Prove(new.number, live)]
@@ -1070,7 +1080,9 @@ class SupervisorMachine:
             return []  # the proof of a handover that ended, or one already in
         assert self.old is not None
         if not proved:
-            return self._abort(f"generation {number} did not prove it serves: {why}")
+            return self._abort(
+                "RUNTIME_HANDOVER_NOT_PROVED", f"generation {number} did not prove it serves: {why}"
+            )
         old, new = self._generations[self.old], self._generations[number]
         self.current = number
         if old.state is GenerationState.SERVING:
@@ -1081,10 +1093,10 @@ class SupervisorMachine:
                 actions += self._schedule_replacement(new, index)
         return actions
 
-    def _abort(self, why: str) -> list[Action]:
+    def _abort(self, failure: HandoverFailure, why: str) -> list[Action]:
         assert self._handover is not None
         assert self.new is not None
-        self._aborted[self.new] = (self._handover, why)  # ended once n's workers are gone
+        self._aborted[self.new] = (self._handover, failure, why)  # ended once n's are gone
         new = self._generations[self.new]
         if new.accepted:  # proving: each worker hands its clients back to g and drains alone
             running = tuple(i for i, w in enumerate(new.workers) if w is WorkerState.ACCEPTING)
@@ -1136,8 +1148,8 @@ class SupervisorMachine:
             del self._generations[generation.number]
             actions.append(Forget(generation.number))
             if generation.number in self._aborted:
-                number, why = self._aborted.pop(generation.number)
-                actions.append(HandoverEnded(number, False, why))
+                number, failure, why = self._aborted.pop(generation.number)
+                actions.append(HandoverEnded(number, False, why, failure))
             if self.step is Step.STOPPING_OLD and generation.number == self.old:
                 assert self._handover is not None
                 actions.append(HandoverEnded(self._handover, True, old_drained=generation.drained))
@@ -1179,7 +1191,9 @@ class SupervisorMachine:
             self._queue_emptied = True
             return self._stop_generation(number, short=True) + self._maybe_exit()
         if self.phase is Phase.HANDING_OVER and number == self.new:
-            return self._abort(f"generation {number} did not start: {why}")
+            return self._abort(
+                "RUNTIME_HANDOVER_START_FAILED", f"generation {number} did not start: {why}"
+            )
         return self._stop_generation(number, short=True) + self._after_exit(generation)
 
     def _stop_generation(self, number: int, *, short: bool) -> list[Action]:

@@ -87,6 +87,7 @@ from typing import Any, Final, Literal, final
 
 from .._errors import ConfigurationError
 from ..stop.sockets import accept_queue_length, refuse_new_connections
+from ..wire.supervisor import HandoverFailure
 from . import machine as m
 from .forwarding import ForwardedControl
 from .generation import Generation
@@ -561,11 +562,21 @@ class Supervisor:
                 self._records[handover] = record
                 logger.info("supervisor.handover_begin from=%d to=%d", old, new)
             case m.HandoverEnded(
-                number=handover, done=done, detail=detail, old_drained=drained, by_stop=by_stop
+                number=handover,
+                done=done,
+                detail=detail,
+                failure=failure,
+                old_drained=drained,
+                by_stop=by_stop,
             ):
                 old_drain = "drained" if drained else "failed" if drained is False else "none"
                 self._end_handover(
-                    handover, done=done, detail=detail, old_drain=old_drain, by_stop=by_stop
+                    handover,
+                    done=done,
+                    detail=detail,
+                    failure=failure,
+                    old_drain=old_drain,
+                    by_stop=by_stop,
                 )
             case m.Refused(why=why, what=what):
                 logger.warning("supervisor.%s_refused: %s", what, why)
@@ -738,9 +749,10 @@ class Supervisor:
                 f"{', '.join(late)} did not answer through its server within {bound:g} s of "
                 "the accept"
             )
-            why = f"{NOT_PROVED}: {what}"
-            logger.error("supervisor.proof_failed generation=%d: %s", generation.number, why)
-            self._on(m.ProofSettled(generation.number, proved=False, why=why))
+            logger.error(
+                "supervisor.proof_failed generation=%d: %s: %s", generation.number, NOT_PROVED, what
+            )
+            self._on(m.ProofSettled(generation.number, proved=False, why=what))
             return
         logger.info(
             "supervisor.new_generation_ready generation=%d pids=%s proved_in=%.2fs",
@@ -876,15 +888,22 @@ class Supervisor:
             )
 
     def _end_handover(
-        self, number: int, *, done: bool, detail: str | None, old_drain: str, by_stop: bool
+        self,
+        number: int,
+        *,
+        done: bool,
+        detail: str | None,
+        failure: HandoverFailure | None,
+        old_drain: str,
+        by_stop: bool,
     ) -> None:
         record = self._records.pop(number)
         seconds = time.monotonic() - self._began_handover
         if by_stop:  # the stop takes over every generation: nothing keeps serving
-            record.end("aborted", f"the supervisor stopped: {detail}")
+            record.end("aborted", f"the supervisor stopped: {detail}", failure)
             logger.info("supervisor.handover_stopped handover=%d: %s", number, detail)
             return
-        record.end("done" if done else "aborted", detail)
+        record.end("done" if done else "aborted", detail, failure)
         if done:
             logger.info(
                 "supervisor.handover_done from=%d to=%s old_drain=%s seconds=%.2f",

@@ -3,8 +3,10 @@
 ``POST supervisor/v1/reload`` begins a handover to a new generation and answers
 :class:`ReloadAccepted` with the handover's number; ``GET supervisor/v1/handover?handover=N``
 answers :class:`HandoverStatus` until it is ``done`` (generation g+1 serves, g is drained and
-gone) or ``aborted`` (g+1 could not start or could not take g's state; g serves on untouched).
-Without ``handover`` it answers the latest one. Both take the control token.
+gone) or ``aborted`` (g+1 could not start, could not take g's state or did not prove it serves,
+and g serves on untouched; or the supervisor's stop ended it), with the
+:data:`HandoverFailure` code of why. Without ``handover`` it answers the latest one. Both take
+the control token.
 
 ``POST supervisor/v1/scale`` with :class:`ScaleRequest` (``{"by": 1}`` or ``{"by": -1}``, as
 SIGTTIN and SIGTTOU) adds or removes one worker of the generation that serves and answers
@@ -21,6 +23,7 @@ from pydantic import BaseModel, Field
 from ._types import WIRE_CONFIG
 
 __all__ = [
+    "HandoverFailure",
     "HandoverState",
     "HandoverStatus",
     "ReloadAccepted",
@@ -32,6 +35,15 @@ __all__ = [
 ]
 
 HandoverState = Literal["running", "done", "aborted"]
+#: Why a handover was aborted, one stable code per cause: a worker of g+1 did not start (or the
+#: revision could not be read); g+1 cannot take g's state; g+1 did not prove it serves within
+#: ``--start-timeout``; the supervisor's stop ended it.
+HandoverFailure = Literal[
+    "RUNTIME_HANDOVER_START_FAILED",
+    "RUNTIME_HANDOVER_STATE_REFUSED",
+    "RUNTIME_HANDOVER_NOT_PROVED",
+    "RUNTIME_HANDOVER_STOPPED",
+]
 
 
 class ReloadAccepted(BaseModel):
@@ -53,7 +65,9 @@ class HandoverStatus(BaseModel):
     from_generation: int
     #: None until the new generation has been created.
     to_generation: int | None = None
-    #: Why it was aborted (or ``None``).
+    #: Why it was aborted, as a stable code (or ``None``).
+    failure: HandoverFailure | None = None
+    #: Why it was aborted, in words (or ``None``).
     detail: str | None = None
     #: How long it took, once it is no longer running.
     seconds: float | None = None
