@@ -87,7 +87,6 @@ from typing import Any, Final, Literal, final
 
 from .._errors import ConfigurationError
 from ..stop.sockets import accept_queue_length, refuse_new_connections
-from ..wire.supervisor import HandoverFailure
 from . import machine as m
 from .forwarding import ForwardedControl
 from .generation import Generation
@@ -561,23 +560,8 @@ class Supervisor:
                 record.to_generation = new
                 self._records[handover] = record
                 logger.info("supervisor.handover_begin from=%d to=%d", old, new)
-            case m.HandoverEnded(
-                number=handover,
-                done=done,
-                detail=detail,
-                failure=failure,
-                old_drained=drained,
-                by_stop=by_stop,
-            ):
-                old_drain = "drained" if drained else "failed" if drained is False else "none"
-                self._end_handover(
-                    handover,
-                    done=done,
-                    detail=detail,
-                    failure=failure,
-                    old_drain=old_drain,
-                    by_stop=by_stop,
-                )
+            case m.HandoverEnded():
+                self._end_handover(action)
             case m.Refused(why=why, what=what):
                 logger.warning("supervisor.%s_refused: %s", what, why)
             case m.ReplacementBegun(generation=number, new=new, old=old, kind=kind, why=why):
@@ -887,29 +871,22 @@ class Supervisor:
                 detail,
             )
 
-    def _end_handover(
-        self,
-        number: int,
-        *,
-        done: bool,
-        detail: str | None,
-        failure: HandoverFailure | None,
-        old_drain: str,
-        by_stop: bool,
-    ) -> None:
-        record = self._records.pop(number)
+    def _end_handover(self, ended: m.HandoverEnded) -> None:
+        record = self._records.pop(ended.number)
         seconds = time.monotonic() - self._began_handover
-        if by_stop:  # the stop takes over every generation: nothing keeps serving
-            record.end("aborted", f"the supervisor stopped: {detail}", failure)
-            logger.info("supervisor.handover_stopped handover=%d: %s", number, detail)
+        detail = ended.detail
+        if ended.by_stop:  # the stop takes over every generation: nothing keeps serving
+            record.end("aborted", f"the supervisor stopped: {detail}", ended.failure)
+            logger.info("supervisor.handover_stopped handover=%d: %s", ended.number, detail)
             return
-        record.end("done" if done else "aborted", detail, failure)
-        if done:
+        record.end("done" if ended.done else "aborted", detail, ended.failure)
+        if ended.done:
+            drained = ended.old_drained
             logger.info(
                 "supervisor.handover_done from=%d to=%s old_drain=%s seconds=%.2f",
                 record.from_generation,
                 record.to_generation,
-                old_drain,
+                "drained" if drained else "failed" if drained is False else "none",
                 seconds,
             )
         else:
