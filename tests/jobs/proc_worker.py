@@ -5,7 +5,8 @@ Usage: python proc_worker.py --store sqlite|postgres --target PATH_OR_DSN [--sch
        [--work-ms MS] [--gate PATH]
 
 ``work`` handlers insert ``(job_id, owner)`` into ``app_results`` inside the completion
-transaction; with ``--gate`` they first print ``CLAIMED`` (once) and wait until PATH exists; ``hang`` handlers print ``STARTED <id> <fence>`` and block. SIGTERM drains the worker
+transaction; with ``--gate`` they first print ``CLAIMED`` (once) and wait until PATH exists.
+``hang`` handlers print ``STARTED <id> <fence>`` and block. SIGTERM drains the worker
 (``worker.stop(drain_timeout)``) and prints ``DRAINED``. Lines go to stdout, flushed.
 """
 
