@@ -2,10 +2,10 @@
 
 Usage: python proc_worker.py --store sqlite|postgres --target PATH_OR_DSN [--schema S]
        --owner NAME --mode work|hang [--lease S] [--concurrency N] [--drain-timeout S]
-       [--work-ms MS] [--gate PATH]
+       [--work-ms MS] [--hold]
 
 ``work`` handlers insert ``(job_id, owner)`` into ``app_results`` inside the completion
-transaction; with ``--gate`` they first print ``CLAIMED`` (once) and wait until PATH exists.
+transaction; with ``--hold`` they first print ``CLAIMED`` (once) and wait for a line on stdin.
 ``hang`` handlers print ``STARTED <id> <fence>`` and block. SIGTERM drains the worker
 (``worker.stop(drain_timeout)``) and prints ``DRAINED``. Lines go to stdout, flushed.
 """
@@ -16,7 +16,7 @@ import argparse
 import asyncio
 import random
 import signal
-from pathlib import Path
+import sys
 from typing import Any
 
 from forgezero_lifecycle.jobs import JobWorker, Lease, SQLiteJobStore
@@ -46,7 +46,13 @@ async def main(args: argparse.Namespace) -> None:
         release_margin=args.drain_timeout / 4,
     )
 
+    loop = asyncio.get_running_loop()
+    released = asyncio.Event()
     claimed = False
+
+    def release() -> None:  # stdin has a line (or is closed): the held handlers go on
+        loop.remove_reader(sys.stdin.fileno())
+        released.set()
 
     @worker.handler("q")
     async def handle(lease: Lease[Any]) -> None:
@@ -54,18 +60,19 @@ async def main(args: argparse.Namespace) -> None:
         if args.mode == "hang":
             say(f"STARTED {lease.job.id} {lease.fence}")
             await asyncio.Event().wait()
-        if args.gate is not None:
+        if args.hold:
             if not claimed:
                 claimed = True
                 say("CLAIMED")
-            while not args.gate.exists():  # noqa: ASYNC110 - another process's file
-                await asyncio.sleep(0.01)
+            await released.wait()
         await asyncio.sleep(random.random() * args.work_ms / 1000)  # outside the write lock
         async with lease.commit() as conn:
             await conn.execute(insert, (lease.job.id, args.owner))
 
+    if args.hold:
+        loop.add_reader(sys.stdin.fileno(), release)
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
     worker.start()
     say("READY")
     await stop.wait()
@@ -85,5 +92,5 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--drain-timeout", type=float, default=1.0)
     parser.add_argument("--work-ms", type=float, default=3.0)
-    parser.add_argument("--gate", type=Path)
+    parser.add_argument("--hold", action="store_true")
     asyncio.run(main(parser.parse_args()))

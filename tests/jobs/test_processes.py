@@ -34,6 +34,7 @@ class Proc:
         self.lines: list[str] = []
         self.popen = subprocess.Popen(
             [sys.executable, str(SCRIPT), *args],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -59,6 +60,12 @@ class Proc:
                 await anyio.sleep(0.02)
         return self.starting(prefix)
 
+    def release(self) -> None:
+        """A line on the worker's stdin: handlers held by ``--hold`` go on."""
+        assert self.popen.stdin is not None
+        self.popen.stdin.write("go\n")
+        self.popen.stdin.flush()
+
     async def finish(self, sig: signal.Signals, seconds: float = 20.0) -> int:
         if self.popen.poll() is None:
             self.popen.send_signal(sig)
@@ -72,7 +79,9 @@ class Proc:
             self.popen.kill()
         code = self.popen.wait()
         self._reader.join(5)
+        assert self.popen.stdin is not None
         assert self.popen.stdout is not None
+        self.popen.stdin.close()
         self.popen.stdout.close()
         return code
 
@@ -145,16 +154,15 @@ async def enqueue_all(store: Any, count: int) -> None:
             await store.enqueue("q", {"i": i}, idempotency_key=f"job-{i}", conn=conn)
 
 
-async def test_two_processes_share_db(shared: Shared, tmp_path: Path) -> None:
+async def test_two_processes_share_db(shared: Shared) -> None:
     """Two processes burn down one queue: every job completes exactly once.
 
-    Each process's handlers hold at a gate until both have claimed a job, so both take part
-    however the machine schedules them (without it, one fast process sometimes did it all).
+    Each process's handlers are held until both have claimed a job, so both take part however
+    the machine schedules them (without it, one fast process sometimes did it all).
     """
     total = 300
-    gate = tmp_path / "gate"
     workers = [
-        shared.spawn(f"gen-{n}", "work", "--lease", "2", "--work-ms", "20", "--gate", str(gate))
+        shared.spawn(f"gen-{n}", "work", "--lease", "2", "--work-ms", "20", "--hold")
         for n in range(2)
     ]
     for proc in workers:
@@ -162,7 +170,8 @@ async def test_two_processes_share_db(shared: Shared, tmp_path: Path) -> None:
     await enqueue_all(shared.store, total)
     for proc in workers:
         await proc.wait_line("CLAIMED")
-    gate.touch()
+    for proc in workers:
+        proc.release()
     await shared.wait_done(total, seconds=40)
     for proc in workers:
         assert await proc.finish(signal.SIGTERM) == 0
