@@ -90,10 +90,6 @@ async def test_user_load(row: Row, tmp_path: Path) -> None:
     assert result["lost_before_stop"] == 0, result
     assert result["refused_before_stop"] == 0, result
     assert result["websocket_problems"] == [], result
-    if result["stop_hung"]:  # only the HTTP/2 row on 3.12.1+: HYPERCORN_STOP_MAY_HANG says why
-        pytest.xfail(f"hypercorn's stop hung (pgjones/hypercorn#308): {result}")
-    assert result["exit_code"] in row.exit_codes, result
-    assert result["stop_seconds"] <= DEADLINE + row.stop_past_deadline + SLACK, result
     assert result["after_stop"] > 0, result  # the load really met the final stop
     assert all(result["generations_answering"]), result  # each reload's new workers served
     if row.http2:
@@ -105,6 +101,12 @@ async def test_user_load(row: Row, tmp_path: Path) -> None:
             assert isinstance(shares, list), result
             assert len(shares) == row.workers, result
             assert min(shares) >= SHARE * BURST, result
+    # Only the stop's own bound is left: a hung stop (the HTTP/2 row on 3.12.1+ alone, the
+    # upstream bug HYPERCORN_STOP_MAY_HANG describes) is an expected failure of it, nothing else.
+    if result["stop_hung"]:
+        pytest.xfail(f"hypercorn's stop hung (pgjones/hypercorn#308): {result}")
+    assert result["exit_code"] in row.exit_codes, result
+    assert result["stop_seconds"] <= DEADLINE + row.stop_past_deadline + SLACK, result
 
 
 async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
