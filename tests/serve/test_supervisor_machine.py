@@ -40,7 +40,7 @@ from hypothesis.stateful import (
 )
 
 from forgezero_lifecycle.serve import machine as m
-from forgezero_lifecycle.serve.table import TABLE, Impossible, Stale
+from forgezero_lifecycle.serve.machine import TABLE, Impossible, Stale
 
 SOAK: Final = os.environ.get("FORGEZERO_SOAK") == "1"
 #: Workers per generation: one (a single worker's exit is its whole generation's) up to three.

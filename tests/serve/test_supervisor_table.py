@@ -1,4 +1,4 @@
-"""The supervisor's table (``serve/table.py``) is the code: every (phase, event) pair is decided
+"""The supervisor's table (:data:`~forgezero_lifecycle.serve.machine.TABLE`) is the code: every (phase, event) pair is decided
 there, the machine obeys it, and the documented tables are rendered from it."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from collections.abc import Callable
 import pytest
 
 from forgezero_lifecycle.serve import machine as m
-from forgezero_lifecycle.serve import table
 
 EVENTS: dict[str, m.Event] = {
     "Reload": m.Reload(),
@@ -78,33 +77,33 @@ IN: dict[m.Phase, Callable[[], m.SupervisorMachine]] = {
 def test_every_pair_is_in_the_table() -> None:
     """One rule for each phase and each event the machine takes, and nothing else."""
     names = {event.__name__ for event in m.Event.__args__}
-    assert set(table.EVENTS) == names == set(EVENTS)
-    assert set(table.TABLE) == {(phase, name) for phase in m.Phase for name in names}
+    assert set(m.EVENTS) == names == set(EVENTS)
+    assert set(m.TABLE) == {(phase, name) for phase in m.Phase for name in names}
 
 
-@pytest.mark.parametrize(("phase", "event"), sorted(table.TABLE))
+@pytest.mark.parametrize(("phase", "event"), sorted(m.TABLE))
 def test_machine_obeys_its_table(phase: m.Phase, event: str) -> None:
     """Impossible raises; stale changes nothing and answers nothing; a transition moves the
     phase only where the table says."""
     machine = IN[phase]()
     assert machine.phase is phase
-    rule = table.TABLE[(phase, event)]
+    rule = m.TABLE[(phase, event)]
     before = copy.deepcopy(vars(machine))
     match rule:
-        case table.Impossible():
-            with pytest.raises(table.ImpossibleEventError, match=event):
+        case m.Impossible():
+            with pytest.raises(m.ImpossibleEventError, match=event):
                 machine.handle(EVENTS[event])
-        case table.Stale():
+        case m.Stale():
             assert machine.handle(EVENTS[event]) == []
             assert vars(machine) == before
-        case table.Transition(to=to):
+        case m.Transition(to=to):
             machine.handle(EVENTS[event])
             assert machine.phase in (phase, *to)
 
 
-@pytest.mark.parametrize("path", table.SOURCES, ids=lambda path: path.name)
+@pytest.mark.parametrize("path", m.SOURCES, ids=lambda path: path.name)
 def test_documented_tables_are_rendered_from_the_code(path: object) -> None:
     """The docs page and the machine's docstring hold the table as the code has it (render
-    them anew with ``python -m forgezero_lifecycle.serve.table --write``)."""
-    assert isinstance(path, type(table.SOURCES[0]))
-    assert path.read_text() == table.rendered(path), f"{path} differs from serve/table.py"
+    them anew with ``python -m forgezero_lifecycle.serve.machine --write``)."""
+    assert isinstance(path, type(m.SOURCES[0]))
+    assert path.read_text() == m.rendered(path), f"{path} differs from serve.machine.TABLE"

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING
 
 from .._lazy import attach
 
-# Each name is imported on first use (forgezero_lifecycle._lazy): ``serve.machine`` and
-# ``serve.table`` import neither uvicorn nor Starlette (tests/serve/test_machine_alone.py).
+# Each name is imported on first use (forgezero_lifecycle._lazy): ``serve.machine``
+# imports neither uvicorn nor Starlette (tests/serve/test_machine_alone.py).
 if TYPE_CHECKING or not attach(__name__):
     from .command import run as run
     from .options import ServeOptions as ServeOptions

@@ -7,7 +7,7 @@
       └── generation g+1 : started on SIGHUP or `forgezero-lifecycle reload`, same socket
 
 What to do is decided by :class:`~forgezero_lifecycle.serve.machine.SupervisorMachine` (the
-table of every phase and event is :data:`~forgezero_lifecycle.serve.table.TABLE`); this module
+table of every phase and event is :data:`~forgezero_lifecycle.serve.machine.TABLE`); this module
 only turns signals, process exits, channel reports and timers into its events and carries out
 its actions. An action that would start something, decided before a stop, is dropped when its
 turn comes after the stop (a worker it would have started is reported as never started).
