@@ -38,7 +38,7 @@ from ..wire.drain import (
     DrainRequest,
     WorkCounters,
 )
-from .messages import COUNTER_KINDS
+from .channel import COUNTER_KINDS
 from .options import ServeOptions
 from .worker_handle import Answer, HandlerFailed, WorkerHandle
 

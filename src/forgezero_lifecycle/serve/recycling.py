@@ -1,7 +1,7 @@
 """A worker's recycling limits (``serve --workers`` with ``--max-requests``,
 ``--max-worker-memory``, ``--max-worker-lifetime``): the worker notices, the supervisor replaces.
 
-The worker only reports (a :class:`~.messages.LimitReport` on its channel) that it passed a
+The worker only reports (a :class:`~.channel.LimitReport` on its channel) that it passed a
 limit; what happens then is the supervisor's to decide
 (:class:`~forgezero_lifecycle.serve.machine.SupervisorMachine`): a replacement starts, accepts,
 and only then does this worker stop accepting, hand its keep-alive clients over and drain. While

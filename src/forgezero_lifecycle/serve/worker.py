@@ -16,7 +16,7 @@ then the connections wait in the kernel's accept queue, so the first worker to b
 take a whole burst of keep-alive clients for itself. It accepts one connection a wake-up, and
 leaves a queued one to a sibling that holds fewer (the generation's
 :class:`~forgezero_lifecycle.stop.accepting.Tally`, passed as ``--tally-fd``). The commands are a dispatch table
-(:data:`~forgezero_lifecycle.serve.messages.COMMANDS`); a malformed command is answered
+(:data:`~forgezero_lifecycle.serve.channel.COMMANDS`); a malformed command is answered
 ``RUNTIME_BAD_MESSAGE`` and changes nothing.
 
 A ``stop`` that comes while the worker still imports the app or runs its lifespan startup
@@ -64,10 +64,9 @@ from ..runtime import Runtime
 from ..stop.accepting import Tally, accept_one_at_a_time
 from ..stop.server import ZeroLossServer
 from ..wire import paths
-from .channel import Channel, ChannelClosedError, read_frame_blocking
+from .channel import Channel, ChannelClosedError, LimitReport, StateReport, read_frame_blocking
 from .command import load_app
 from .forwarding import GenerationControl
-from .messages import LimitReport, StateReport
 from .options import ServeOptions, options_from_wire
 from .recycling import LimitWatch
 from .server import drain_then_stop, serve_app
@@ -202,7 +201,7 @@ class WorkerAgent:
         self._spawn(drain_then_stop(self.runtime, self.options.drain_timeout, server))
 
     async def handle(self, message: dict[str, Any]) -> dict[str, Any] | None:
-        """Answer one of the supervisor's commands (:data:`~.messages.COMMANDS`)."""
+        """Answer one of the supervisor's commands (:data:`~.channel.COMMANDS`)."""
         op = message.get("op")
         handler = self._commands.get(op) if isinstance(op, str) else None
         if handler is None:

@@ -22,12 +22,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Literal, final, get_args
 
 from ..wire import paths
-from .channel import Channel, ChannelClosedError, MessageTooLargeError
-from .messages import (
+from .channel import (
     COMMANDS,
     COUNTER_KINDS,
+    Channel,
+    ChannelClosedError,
     ControlCall,
     LimitReport,
+    MessageTooLargeError,
     StateReport,
     decode_worker_message,
 )
@@ -233,7 +235,7 @@ class WorkerHandle:
                 return {"error": "RUNTIME_BAD_MESSAGE", "detail": decoded}
 
     async def command(self, op: str, **fields: Any) -> dict[str, Any]:
-        """Send ``op`` (one of :data:`~.messages.COMMANDS`, with its fields); an unreachable
+        """Send ``op`` (one of :data:`~.channel.COMMANDS`, with its fields); an unreachable
         worker answers ``RUNTIME_WORKER_GONE``."""
         expected = COMMANDS.get(op)
         if expected is None or not set(fields) <= set(expected):
