@@ -13,8 +13,8 @@ from typing import Any
 
 from forgezero_lifecycle.cli.main import main
 from forgezero_lifecycle.serve.forwarding import ForwardedControl
-from forgezero_lifecycle.serve.generation import Generation
 from forgezero_lifecycle.serve.supervisor import Supervisor
+from forgezero_lifecycle.serve.workers import Generation
 
 
 class InjectedFaultError(Exception):

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from forgezero_lifecycle.serve.generation import Generation
 from forgezero_lifecycle.serve.options import ServeOptions
+from forgezero_lifecycle.serve.workers import Generation
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 from forgezero_lifecycle.serve.listeners import held_listeners
 from forgezero_lifecycle.serve.options import ServeOptions
 from forgezero_lifecycle.serve.supervisor import Supervisor
-from forgezero_lifecycle.serve.worker_handle import WorkerHandle
+from forgezero_lifecycle.serve.workers import WorkerHandle
 
 from .conftest import BOUND
 

@@ -28,7 +28,7 @@ from ..wire.supervisor import HandoverFailure, HandoverState, HandoverStatus
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, TracerProvider
 
-    from .generation import Generation
+    from .workers import Generation
 
 __all__ = ["RECENT", "Handover", "HandoverLog"]
 

@@ -12,7 +12,7 @@ new worker did meanwhile (a counter adds).
 One deadline bounds each worker's transfer: the drain's (``--drain-timeout``). The new worker's
 import (the fetch of the export, however slow the old worker's adapter, and the import) gives
 up when it passes, and the supervisor waits for its answer that long plus the channel's usual
-bound (:func:`~forgezero_lifecycle.serve.worker_handle.answer_bound`), so an export that
+bound (:func:`~forgezero_lifecycle.serve.workers.answer_bound`), so an export that
 arrives in time is never logged as failed.
 """
 
@@ -26,9 +26,8 @@ from urllib.parse import urlencode
 from ..core.self_drain import UNKNOWN_REVISION
 from ..wire import paths
 from ..wire._protocol import deadline_ms
-from .generation import Generation
 from .options import ServeOptions
-from .worker_handle import WorkerHandle
+from .workers import Generation, WorkerHandle
 
 __all__ = ["hand_state_over"]
 

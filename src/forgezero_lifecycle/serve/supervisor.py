@@ -23,7 +23,7 @@ believing the failed step was done).
   the shared socket before all of them are ready: until then connections wait in the kernel's
   accept queue (so the first ready worker does not take a whole burst of keep-alive clients).
 * **One drain**: a drain begun through any worker's control plane, or by SIGTERM/SIGINT to the
-  supervisor, reaches every worker of the generation at once (:mod:`.generation`).
+  supervisor, reaches every worker of the generation at once (:mod:`.workers`).
 * **Stop** (SIGTERM/SIGINT): drain every generation that accepted work (during a handover g and
   g+1 alike), all begun at once under one deadline (or follow a drain an orchestrator began),
   then refuse new connections at the socket, wait (bounded) until the workers have accepted
@@ -89,14 +89,13 @@ from .._errors import ConfigurationError
 from ..stop.sockets import accept_queue_length, refuse_new_connections
 from . import machine as m
 from .forwarding import ForwardedControl
-from .generation import Generation
 from .handovers import Handover, HandoverLog
 from .listeners import Listener, held_listeners
 from .options import ServeOptions, read_revision
 from .server import SHUTDOWN_MARGIN, log_config
 from .state_transfer import hand_state_over
 from .uvicorn_options import configure_logging
-from .worker_handle import WorkerHandle
+from .workers import Generation, WorkerHandle
 
 __all__ = ["Supervisor", "SupervisorFailedError", "run_supervisor"]
 
@@ -114,7 +113,7 @@ FORCED_STOP_BOUND: Final = 2.0
 #: that is shorter).
 HEARTBEAT_INTERVAL: Final = 1.0
 #: A handover's new worker proves it serves by answering this many probes in a row (through
-#: its own HTTP server, :meth:`~.worker_handle.WorkerHandle.probe`) after its accept, one every
+#: its own HTTP server, :meth:`~.workers.WorkerHandle.probe`) after its accept, one every
 #: :data:`PROBE_INTERVAL`, each within :data:`PROBE_BOUND`: an event loop that blocks right
 #: after its accept fails one. The shared listener cannot be aimed at one process (the kernel
 #: hands a connection to whichever worker accepts first, the old generation's included), so
