@@ -29,7 +29,7 @@ from starlette.routing import Route
 from forgezero_lifecycle.core.drain import DrainController
 from forgezero_lifecycle.runtime import Runtime
 from forgezero_lifecycle.serve import machine as m
-from forgezero_lifecycle.serve.handovers import HandoverLog
+from forgezero_lifecycle.serve.supervisor import HandoverLog
 from forgezero_lifecycle.testing import ManualClock
 
 pytestmark = pytest.mark.anyio

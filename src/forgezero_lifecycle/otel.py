@@ -20,7 +20,7 @@ A failed drain's span has status ``ERROR``. The span is made when the drain ends
 (its start and event times are the drain's own), so ``opentelemetry.trace`` is imported only
 then, and exporters see it when they see any span: once it ended. A drain has no parent span;
 under ``serve --workers`` each handover is a span ``forgezero.handover``
-(:mod:`forgezero_lifecycle.serve.handovers`) whose steps are events and whose generation's drain
+(:class:`forgezero_lifecycle.serve.supervisor.HandoverLog`) whose steps are events and whose generation's drain
 (the supervisor's, over every worker) is its child. Each worker's own ``forgezero.drain`` span
 is a root in that worker's process: the supervisor's channel carries no trace context.
 

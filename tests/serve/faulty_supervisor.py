@@ -12,8 +12,7 @@ import os
 from typing import Any
 
 from forgezero_lifecycle.cli.main import main
-from forgezero_lifecycle.serve.forwarding import ForwardedControl
-from forgezero_lifecycle.serve.supervisor import Supervisor
+from forgezero_lifecycle.serve.supervisor import ForwardedControl, Supervisor
 from forgezero_lifecycle.serve.workers import Generation
 
 

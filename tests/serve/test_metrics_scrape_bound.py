@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from forgezero_lifecycle.core.drain import DrainController
-from forgezero_lifecycle.serve.forwarding import METRICS_REUSE, ForwardedControl
-from forgezero_lifecycle.serve.handovers import HandoverLog
+from forgezero_lifecycle.serve.supervisor import METRICS_REUSE, ForwardedControl, HandoverLog
 from forgezero_lifecycle.testing import ManualClock
 
 pytestmark = pytest.mark.anyio

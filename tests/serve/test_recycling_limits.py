@@ -1,4 +1,4 @@
-"""A worker's recycling limits (``serve/recycling.py``): it reports passing one only once it
+"""A worker's recycling limits (:class:`~forgezero_lifecycle.serve.worker.LimitWatch`): it reports passing one only once it
 accepts, again while it still accepts, and never after it stopped accepting."""
 
 from __future__ import annotations
@@ -7,17 +7,17 @@ import asyncio
 
 import pytest
 
-from forgezero_lifecycle.serve import recycling
+from forgezero_lifecycle.serve import worker
 from forgezero_lifecycle.serve.options import ServeOptions
-from forgezero_lifecycle.serve.recycling import LimitWatch, RequestCounter, resident_mib
+from forgezero_lifecycle.serve.worker import LimitWatch, RequestCounter, resident_mib
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(autouse=True)
 def _fast_looks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(recycling, "LOOK", 0.01)
-    monkeypatch.setattr(recycling, "REPORT_AGAIN", 0.05)
+    monkeypatch.setattr(worker, "LOOK", 0.01)
+    monkeypatch.setattr(worker, "REPORT_AGAIN", 0.05)
 
 
 async def _app(scope: object, receive: object, send: object) -> None:

@@ -56,13 +56,48 @@ waits for an event that task would have reported.
 A worker notices when the supervisor is gone (end of file on its channel, parent-death signal)
 and stops, so nothing is left running even after SIGKILL of the supervisor.
 
-State (when the app has a state adapter): worker k of g hands its state to worker k of g+1 once
-g is drained (:mod:`.state_transfer`); a handover whose state cannot be handed over is refused
-before g is touched.
+State (when the app has a state adapter): worker k of g hands its state to worker k of g+1, once
+g is drained (so the export is final), through the state export protocol over a private loopback
+listener each worker has of its own, with the handoff token (:func:`hand_state_over`).
+Generations have the same number of workers; a handover whose new workers have no adapter,
+another protocol or schema version, or that has no handoff token is refused before g is touched
+(logged; g keeps serving: the refusal is :func:`~.machine.state_refusal`). The new generation
+serves while the state is on its way: an adapter's import must merge with what the new worker
+did meanwhile (a counter adds). One deadline bounds each worker's transfer: the drain's
+(``--drain-timeout``). The new worker's import (the fetch of the export, however slow the old
+worker's adapter, and the import) gives up when it passes, and the supervisor waits for its
+answer that long plus the channel's usual bound (:func:`~.workers.answer_bound`), so an
+export that arrives in time is never logged as failed.
+
+Each reload (SIGHUP or ``POST supervisor/v1/reload``) begins one :class:`Handover`, numbered from
+1, kept in a :class:`HandoverLog` that ``supervisor/v1/handover`` answers from; it is
+``running`` until generation g+1 serves and g is gone (``done``), or until g+1 could not start,
+could not take g's state or did not prove it serves and g serves on, or until the stop ended it
+(``aborted``, with a code and the reason). The most recent :data:`RECENT` are kept, so
+``forgezero-lifecycle reload`` can wait for the one it began even if another reload follows.
+With ``opentelemetry-api`` installed (the ``[otel]`` extra) each handover is also a span
+``forgezero.handover`` on the global tracer provider: one event per step the supervisor takes
+while it runs (``start generation``, ``accept``, ``prove``, ``stop accepting``, ``begin
+drain``...), and the drain of the generation it retires (the supervisor's drain over every
+worker) as its child ``forgezero.drain`` (:mod:`forgezero_lifecycle.otel`).
+
+The generation-wide control paths (the drain paths, ``schedules``, ``metrics`` and
+``supervisor/v1/*``) are checked by the worker that receives them (its runtime's own
+:class:`~forgezero_lifecycle.asgi.control.ControlApp`, :class:`~.worker.GenerationControl`) and
+answered here by :class:`ForwardedControl`, one per generation: the drain calls from the
+generation's drain controller, with the per-worker picture in ``detail`` (``status`` and
+``rollback`` from whichever generation the supervisor still knows holds the nonce, and a
+``begin`` reaching a generation that a handover is retiring refused with
+``RUNTIME_DRAIN_GENERATION_RETIRING``); ``schedules`` and ``metrics`` from every worker,
+labelled with its worker (and the supervisor's own counters after them); ``reload`` begins a
+handover and answers with its number; ``handover`` from the :class:`HandoverLog`; ``scale``
+adds or removes one worker and answers the size; ``status`` is the supervisor's own. A metrics
+scrape needs no token, so the supervisor fans one out to the workers at a time and reuses its
+merged scrape for :data:`METRICS_REUSE` seconds.
 
 * **One worker at a time** (recycling, the watchdog, scaling), as a handover of one worker: a
   worker past ``--max-requests`` (with its jitter), ``--max-worker-memory`` or
-  ``--max-worker-lifetime`` reports it (:mod:`.recycling`); a worker whose event loop does not
+  ``--max-worker-lifetime`` reports it (:class:`~.worker.LimitWatch`); a worker whose event loop does not
   answer the heartbeat (``--worker-timeout``) is noticed here; SIGTTIN, SIGTTOU and
   ``POST supervisor/v1/scale`` change the generation's size. The replacement starts, is ready
   and accepts; only then does the worker it replaces stop accepting, ask its keep-alive clients
@@ -79,25 +114,64 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import secrets
 import signal
 import time
 from collections import Counter, deque
-from collections.abc import Coroutine, Sequence
-from typing import Any, Final, Literal, final
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, final
+from urllib.parse import urlencode
 
-from .._errors import ConfigurationError
+import orjson
+
+from .._clock import Clock, SystemClock
+from .._errors import (
+    ConfigurationError,
+    ControlPathNotFoundError,
+    DrainConflictError,
+    DrainNotFoundError,
+    DrainRequestInvalidError,
+    LifecycleError,
+    ReloadBusyError,
+    ScaleRefusedError,
+)
+from ..asgi.control import error_answer
+from ..core.drain import DrainController
+from ..core.self_drain import UNKNOWN_REVISION
 from ..stop.sockets import accept_queue_length, refuse_new_connections
+from ..wire import paths
+from ..wire._protocol import deadline_ms
+from ..wire.supervisor import (
+    HandoverFailure,
+    HandoverState,
+    HandoverStatus,
+    ReloadAccepted,
+    ScaleAccepted,
+)
 from . import machine as m
-from .forwarding import ForwardedControl
-from .handovers import Handover, HandoverLog
 from .listeners import Listener, held_listeners
 from .options import ServeOptions, read_revision
 from .server import SHUTDOWN_MARGIN, log_config
-from .state_transfer import hand_state_over
 from .uvicorn_options import configure_logging
 from .workers import Generation, WorkerHandle
 
-__all__ = ["Supervisor", "SupervisorFailedError", "run_supervisor"]
+__all__ = [
+    "METRICS_REUSE",
+    "RECENT",
+    "ForwardedControl",
+    "Handover",
+    "HandoverLog",
+    "Supervisor",
+    "SupervisorFailedError",
+    "hand_state_over",
+    "run_supervisor",
+]
+
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, TracerProvider
 
 logger = logging.getLogger("forgezero_lifecycle.serve.supervisor")
 
@@ -894,3 +968,415 @@ class Supervisor:
                 detail,
                 record.from_generation,
             )
+
+
+# The record of each handover, which ``supervisor/v1/handover`` answers from.
+
+
+#: Handovers kept for ``supervisor/v1/handover``.
+RECENT: Final = 16
+
+
+@final
+@dataclass
+class Handover:
+    """One handover, from generation ``from_generation``."""
+
+    number: int
+    from_generation: int
+    to_generation: int | None = None
+    state: HandoverState = "running"
+    failure: HandoverFailure | None = None
+    detail: str | None = None
+    seconds: float | None = None
+    _began: float = field(default_factory=time.monotonic, repr=False)
+    #: Its ``forgezero.handover`` span while it runs (None without OpenTelemetry).
+    span: Span | None = field(default=None, repr=False)
+
+    def end(
+        self,
+        state: HandoverState,
+        detail: str | None = None,
+        failure: HandoverFailure | None = None,
+    ) -> None:
+        self.state = state
+        self.failure = failure
+        self.detail = detail
+        self.seconds = round(time.monotonic() - self._began, 3)
+        span, self.span = self.span, None
+        if span is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            if self.to_generation is not None:
+                span.set_attribute("forgezero.handover.to_generation", self.to_generation)
+            span.set_attribute("forgezero.handover.state", state)
+            if failure is not None:
+                span.set_attribute("forgezero.handover.failure", failure)
+            if state == "aborted":
+                span.set_status(Status(StatusCode.ERROR, detail))
+            span.end()
+
+    def wire(self) -> dict[str, Any]:
+        """The ``supervisor/v1/handover`` answer, a :class:`HandoverStatus`."""
+        return HandoverStatus(
+            handover=self.number,
+            state=self.state,
+            from_generation=self.from_generation,
+            to_generation=self.to_generation,
+            failure=self.failure,
+            detail=self.detail,
+            seconds=self.seconds,
+        ).model_dump(mode="json")
+
+
+@final
+class HandoverLog:
+    """The supervisor's recent handovers, newest last."""
+
+    def __init__(self, *, tracer_provider: TracerProvider | None = None) -> None:
+        self._recent: deque[Handover] = deque(maxlen=RECENT)
+        self._begun = 0
+        self._tracer_provider = tracer_provider
+        self._otel = _otel()
+
+    def begin(self, from_generation: int) -> Handover:
+        self._begun += 1
+        handover = Handover(self._begun, from_generation)
+        if self._otel is not None:
+            handover.span = self._otel.handover_span(
+                handover.number, from_generation, self._tracer_provider
+            )
+        self._recent.append(handover)
+        return handover
+
+    def running_span(self) -> Span | None:
+        """The span of the handover running now, or None."""
+        latest = self._recent[-1] if self._recent else None
+        return latest.span if latest is not None and latest.state == "running" else None
+
+    def step(self, action: object) -> None:
+        """Add the supervisor's ``action`` to the running handover's span as an event."""
+        span = self.running_span()
+        if span is not None and self._otel is not None:
+            name, attributes = self._otel.step_event(action)
+            span.add_event(name, attributes)
+
+    def trace_drains(self, generation: Generation) -> None:
+        """Every drain of ``generation`` as a span, the child of the handover that began it."""
+        if self._otel is not None:
+            self._otel.trace_drains(
+                generation.controller,
+                clock=SystemClock(),
+                attributes={"forgezero.generation": generation.number},
+                parent=self.running_span,
+                in_flight=generation.in_flight,
+                tracer_provider=self._tracer_provider,
+            )
+
+    def find(self, number: int | None = None) -> Handover | None:
+        """Handover ``number``, or the latest when it is None; None when not (or no longer) kept."""
+        if number is None:
+            return self._recent[-1] if self._recent else None
+        return next((h for h in self._recent if h.number == number), None)
+
+
+def _otel() -> ModuleType | None:
+    """:mod:`forgezero_lifecycle.otel` when OpenTelemetry's API is installed, else None."""
+    try:
+        from .. import otel
+    except ImportError as error:
+        if not (error.name or "").startswith("opentelemetry"):
+            raise
+        return None
+    return otel
+
+
+# The state, handed over worker by worker to the next generation.
+
+
+async def hand_state_over(
+    old: Generation,
+    new: Generation,
+    options: ServeOptions,
+    pairs: tuple[tuple[int, int], ...] = (),
+) -> None:
+    """Each worker of ``old`` hands its state to its partner in ``new`` (``pairs`` of places, as
+    the supervisor's machine decided; by default worker k to worker k)."""
+    source = old.revision or UNKNOWN_REVISION
+    target = new.revision or UNKNOWN_REVISION
+    timeout_ms = deadline_ms(options.drain_timeout)
+
+    async def one(before: WorkerHandle, after: WorkerHandle) -> None:
+        assert before.state_kind is not None
+        query = urlencode({"sourceRevision": source, "targetRevision": target})
+        request = {
+            "protocol": before.state_kind["protocol"],
+            "nonce": secrets.token_urlsafe(32),
+            "schemaVersion": before.state_kind["schemaVersion"],
+            "sourceRevision": source,
+            "targetRevision": target,
+            "source": {
+                "url": f"http://127.0.0.1:{before.private_port}{paths.RUNTIME_STATE_EXPORT_PATH}?{query}",
+                "authorization": f"Bearer {options.handoff_token}",
+            },
+        }
+        answer = await after.command("import", request=request, timeoutMs=timeout_ms)
+        status = answer.get("status", {})
+        if status.get("status") == "acknowledged":
+            logger.info(
+                "supervisor.state_handed_over worker=%d cursor=%s",
+                after.index,
+                status.get("cursor"),
+            )
+        else:
+            logger.error(
+                "supervisor.state_handoff_failed worker=%d failure=%s",
+                after.index,
+                status.get("failure") or answer.get("error"),
+            )
+
+    if not pairs:
+        pairs = tuple((index, index) for index in range(len(old.workers)))
+    await asyncio.gather(*(one(old.workers[b], new.workers[a]) for b, a in pairs))
+
+
+# The generation-wide control paths a worker forwards, answered here.
+
+
+#: How long a generation's merged metrics scrape is reused (a scrape of 3,000 requests cost
+#: the supervisor 6 s of CPU when each one asked every worker).
+METRICS_REUSE: Final = 1.0
+
+
+class _Worker(Protocol):
+    """What the answers need of a worker (the supervisor's handle on it)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def exited(self) -> asyncio.Event: ...
+    def command(self, op: str, **fields: Any) -> Awaitable[dict[str, Any]]: ...
+
+
+class _Generation(Protocol):
+    """What the answers need of a generation."""
+
+    @property
+    def number(self) -> int: ...
+    @property
+    def controller(self) -> DrainController: ...
+    @property
+    def workers(self) -> Sequence[_Worker]: ...
+    def detail(self) -> dict[str, Any]: ...
+    def acknowledged(self) -> Awaitable[None]: ...
+
+
+#: A call's answer before it goes on the channel: status, body (a JSON value), extra headers.
+_Reply = tuple[int, object, list[tuple[str, str]]]
+
+
+@final
+class ForwardedControl:
+    """One generation's answers, in the supervisor, to the calls its workers hand on."""
+
+    def __init__(
+        self,
+        generation: _Generation,
+        *,
+        on_reload: Callable[[], int | str],
+        on_scale: Callable[[int], int | str],
+        status: Callable[[], dict[str, Any]],
+        exposition: Callable[[], str],
+        handovers: HandoverLog,
+        serving: Callable[[], _Generation | None],
+        known: Callable[[], Sequence[_Generation]],
+        clock: Clock | None = None,
+    ) -> None:
+        """``serving``: the generation the supervisor hands the port to (a begin reaching
+        another one is refused); ``known``: every generation it still knows (a drain's nonce
+        is answered by whichever of them holds it); ``clock``: the metrics scrape's reuse."""
+        self._generation = generation
+        self._serving = serving
+        self._known = known
+        self._clock = clock or SystemClock()
+        #: The last merged scrape (None: no worker serves metrics) and when it was begun.
+        self._scraped: tuple[float, str | None] | None = None
+        self._scraping = asyncio.Lock()  # one fan-out at a time; the others wait and reuse it
+        self._on_reload = on_reload
+        self._on_scale = on_scale
+        self._status_of_supervisor = status
+        self._exposition = exposition
+        self._handovers = handovers
+        self._calls: Mapping[str, Callable[[Mapping[str, object]], Awaitable[_Reply]]] = {
+            "drain.begin": self._begin,
+            "drain.status": self._status,
+            "drain.current": self._current,
+            "drain.rollback": self._rollback,
+            "schedules": self._schedules,
+            "metrics": self._metrics,
+            "reload": self._reload,
+            "handover": self._handover,
+            "scale": self._scale,
+            "status": self._supervisor,
+        }
+
+    async def answer(self, call: str, arguments: Mapping[str, object]) -> dict[str, Any]:
+        """The channel answer (``{"status", "headers", "body"}``) to one call from a worker."""
+        handler = self._calls.get(call)
+        try:
+            if handler is None:
+                raise ControlPathNotFoundError(detail=f"no generation-wide call {call!r}")
+            status, body, headers = await handler(arguments)
+        except LifecycleError as error:
+            refused = error_answer(error)
+            status, body = refused.status, orjson.loads(refused.body)
+            headers = list(refused.headers)
+        return {
+            "status": status,
+            "headers": [["cache-control", "no-store"], *map(list, headers)],
+            "body": body,
+        }
+
+    # The drain, for the whole generation.
+
+    async def _begin(self, arguments: Mapping[str, object]) -> _Reply:
+        serving = self._serving()
+        if serving is not None and serving is not self._generation:
+            # A request in flight on an old worker's connection when the handover switched:
+            # a drain here would drain only what is retiring, and report it drained.
+            raise DrainConflictError(
+                "RUNTIME_DRAIN_GENERATION_RETIRING",
+                detail=f"generation {self._generation.number} is retiring: a handover gave "
+                f"the port to generation {serving.number}; send the begin again on a new "
+                "connection",
+            )
+        accepted = self._generation.controller.begin(arguments.get("request"))
+        await self._generation.acknowledged()
+        return 202, accepted.model_dump(), []
+
+    async def _status(self, arguments: Mapping[str, object]) -> _Reply:
+        nonce = _nonce(arguments)
+        generation = self._holding(nonce)
+        await _refresh(generation)
+        return _with_detail(generation, generation.controller.status(nonce))
+
+    async def _current(self, arguments: Mapping[str, object]) -> _Reply:
+        await _refresh(self._generation)
+        return _with_detail(self._generation, self._generation.controller.current())
+
+    async def _rollback(self, arguments: Mapping[str, object]) -> _Reply:
+        nonce = _nonce(arguments)
+        generation = self._holding(nonce)
+        status = generation.controller.rollback(nonce)
+        await generation.acknowledged()
+        return _with_detail(generation, status)
+
+    def _holding(self, nonce: str) -> _Generation:
+        """The generation whose drain has ``nonce``: this one, or another the supervisor still
+        knows (a drain of the old generation, polled through a new worker after the switch)."""
+        for generation in (self._generation, *self._known()):
+            try:
+                generation.controller.status(nonce)
+            except DrainNotFoundError:
+                continue
+            return generation
+        return self._generation  # its controller answers the 404
+
+    def _live(self) -> list[_Worker]:
+        return _live(self._generation)
+
+    # The rest of the generation-wide paths.
+
+    async def _schedules(self, arguments: Mapping[str, object]) -> _Reply:
+        workers = self._live()
+        answers = await asyncio.gather(*(worker.command("schedules") for worker in workers))
+        schedules = [
+            {**entry, "worker": worker.index, "pid": worker.pid}
+            for worker, answer in zip(workers, answers, strict=True)
+            for entry in answer.get("schedules", [])
+        ]
+        return 200, {"schedules": schedules}, []
+
+    async def _metrics(self, arguments: Mapping[str, object]) -> _Reply:
+        """Every worker's scrape, labelled with its worker (opt-in, no token), at most
+        :data:`METRICS_REUSE` seconds old."""
+        async with self._scraping:
+            if self._scraped is None or self._clock.monotonic() - self._scraped[0] >= METRICS_REUSE:
+                begun = self._clock.monotonic()
+                self._scraped = (begun, await self._scrape())
+            text = self._scraped[1]
+        if text is None:  # the app serves no metrics: the path is unknown, as in one process
+            raise ControlPathNotFoundError(detail="no such control path")
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return 200, "" if arguments.get("head") else text, [("content-type", CONTENT_TYPE_LATEST)]
+
+    async def _scrape(self) -> str | None:
+        workers = self._live()
+        answers = await asyncio.gather(*(worker.command("metrics") for worker in workers))
+        scraped = [
+            ({"worker": str(worker.index), "pid": str(worker.pid)}, answer["text"].encode())
+            for worker, answer in zip(workers, answers, strict=True)
+            if isinstance(answer.get("text"), str)
+        ]
+        if not scraped:
+            return None
+        from ..metrics import merge_expositions
+
+        return merge_expositions(scraped).decode() + self._exposition()
+
+    async def _reload(self, arguments: Mapping[str, object]) -> _Reply:
+        number = self._on_reload()
+        if isinstance(number, str):
+            raise ReloadBusyError(detail=f"{number}; try again once it is done")
+        return 202, ReloadAccepted(handover=number).model_dump(mode="json"), []
+
+    async def _scale(self, arguments: Mapping[str, object]) -> _Reply:
+        by = arguments.get("by")
+        if by not in (1, -1) or isinstance(by, bool) or not isinstance(by, int):
+            raise DrainRequestInvalidError(detail='the body of a scale is {"by": 1} or {"by": -1}')
+        workers = self._on_scale(by)
+        if isinstance(workers, str):
+            raise ScaleRefusedError(detail=workers)
+        return 202, ScaleAccepted(workers=workers).model_dump(mode="json"), []
+
+    async def _supervisor(self, arguments: Mapping[str, object]) -> _Reply:
+        return 200, self._status_of_supervisor(), []
+
+    async def _handover(self, arguments: Mapping[str, object]) -> _Reply:
+        number = arguments.get("number")
+        if number is not None and not isinstance(number, int):
+            raise DrainRequestInvalidError(detail="a handover number is a whole number")
+        handover = self._handovers.find(number)
+        if handover is None:
+            detail = (
+                "no handover has begun"
+                if number is None
+                else "no handover with this number (give the number reload answered)"
+            )
+            raise ControlPathNotFoundError(detail=detail)
+        return 200, handover.wire(), []
+
+
+def _live(generation: _Generation) -> list[_Worker]:
+    return [worker for worker in generation.workers if not worker.exited.is_set()]
+
+
+async def _refresh(generation: _Generation) -> None:
+    """Fresh counters from every worker of ``generation`` (each bounded by the command timeout)."""
+    await asyncio.gather(*(worker.command("status") for worker in _live(generation)))
+
+
+def _with_detail(generation: _Generation, status: Any) -> _Reply:
+    document = status.model_dump(mode="json", exclude_none=True)
+    document["detail"] = generation.detail()
+    return 200, document, []
+
+
+def _nonce(arguments: Mapping[str, object]) -> str:
+    nonce = arguments.get("nonce")
+    if not isinstance(nonce, str):
+        raise DrainNotFoundError(detail="the nonce query parameter is required")
+    return nonce

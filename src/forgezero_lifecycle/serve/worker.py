@@ -36,9 +36,30 @@ file on the channel, the parent-death signal ``PR_SET_PDEATHSIG`` on Linux, or a
 parent is gone): it then drains itself (or follows the drain begun) and lets ``serve_app`` run
 its stop, which leaves the shared kernel socket to the others.
 
-The drain paths of the control plane (``drain/v1/begin|status|current|rollback`` and
-``schedules/v1/status``) are answered for the whole generation: the worker forwards them to the
-supervisor, which commands every worker's runtime (:mod:`.forwarding`).
+The generation-wide paths of the control plane (the drain paths, ``schedules``, ``metrics``
+and ``supervisor/v1/*``) are answered for the whole generation: :class:`GenerationControl`
+serves them with the app its runtime built
+(:meth:`~forgezero_lifecycle.asgi.control.ControlApp.for_generation`), so the token, the Host
+and forwarding-header rules of ``--insecure-loopback-control``, the content type, the body's
+size and time bounds and every error code are the single-process ones, applied here before
+anything crosses the channel. What crosses it is one small typed call::
+
+    {"op": "control", "call": "drain.status", "args": {"nonce": "..."}}
+
+answered by the supervisor (:class:`~.supervisor.ForwardedControl`). A supervisor that does not
+answer within :data:`FORWARD_TIMEOUT` is a 503 ``RUNTIME_SUPERVISOR_UNAVAILABLE``.
+
+Recycling limits (``--max-requests``, ``--max-worker-memory``, ``--max-worker-lifetime``): the
+worker only reports (a :class:`~.channel.LimitReport`) that it passed one (:class:`LimitWatch`);
+what happens then is the supervisor's to decide
+(:class:`~forgezero_lifecycle.serve.machine.SupervisorMachine`): a replacement starts, accepts,
+and only then does this worker stop accepting, hand its keep-alive clients over and drain. While
+it still accepts (the supervisor replaces one worker at a time, and not during a handover), it
+reports again every :data:`REPORT_AGAIN` seconds. Requests are counted by
+:class:`RequestCounter`, a pure ASGI wrapper around the app only when ``--max-requests`` is
+given: one integer increment per request or WebSocket session, before the app (and the drain
+middleware inside it) sees it. Memory (resident set, ``/proc/self/statm``) and lifetime (from
+the moment the worker begins to accept) are looked at every :data:`LOOK` seconds.
 """
 
 from __future__ import annotations
@@ -50,29 +71,46 @@ import ctypes
 import dataclasses
 import logging
 import os
+import random
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, final
 
+import orjson
 import uvicorn
 
-from .._errors import LifecycleError
+from .._errors import (
+    LifecycleError,
+)
 from .._internals import uvicorn as _uvicorn
+from ..asgi._paths import app_path
+from ..asgi._types import ASGIApp, Receive, Scope, Send
+from ..asgi.control import GENERATION_PATHS, Answer, ControlApp
 from ..runtime import Runtime
 from ..stop.accepting import Tally, accept_one_at_a_time
 from ..stop.server import ZeroLossServer
 from ..wire import paths
 from .channel import Channel, ChannelClosedError, LimitReport, StateReport, read_frame_blocking
 from .command import load_app
-from .forwarding import GenerationControl
 from .options import ServeOptions, options_from_wire
-from .recycling import LimitWatch
 from .server import drain_then_stop, serve_app
 from .uvicorn_options import loop_factory
 
-__all__ = ["PARENT_DEATH_SIGNAL", "main"]
+__all__ = [
+    "FORWARD_TIMEOUT",
+    "LOOK",
+    "PARENT_DEATH_SIGNAL",
+    "REPORT_AGAIN",
+    "GenerationControl",
+    "LimitWatch",
+    "RequestCounter",
+    "main",
+    "resident_mib",
+]
+
 
 logger = logging.getLogger("forgezero_lifecycle.serve.worker")
 
@@ -146,7 +184,7 @@ class WorkerAgent:
                 if self._stopping:  # told to stop while it started: uvicorn stops it now
                     return
                 # Plain HTTP even when the shared listeners are TLS: the next generation fetches
-                # the state export from it over loopback http (:mod:`.state_transfer`).
+                # the state export from it over loopback http (:func:`~.supervisor.hand_state_over`).
                 await _uvicorn.accept_on(self.server, [self.private], tls=False)
                 if self.tally is not None:
                     # Ready: a sibling told to accept before this one acts on it (its loop
@@ -376,6 +414,169 @@ def _state_kind(runtime: Runtime) -> dict[str, Any] | None:
         return None
     handoff = runtime.handoff
     return {"protocol": handoff.protocol, "schemaVersion": handoff.schema_version}
+
+
+# The generation-wide control paths: checked here, answered by the supervisor.
+
+
+#: How long a worker waits for the supervisor's answer to one call.
+FORWARD_TIMEOUT: Final = 30.0
+_UNAVAILABLE: Final = Answer(
+    503,
+    b'{"error":"RUNTIME_SUPERVISOR_UNAVAILABLE",'
+    b'"detail":"the supervisor did not answer; try again"}',
+)
+
+
+@final
+class GenerationControl:
+    """Pure ASGI, in a worker: the generation-wide control paths go to ``control`` made for the
+    generation (checked here, answered by the supervisor), everything else to ``app``."""
+
+    def __init__(self, app: ASGIApp, /, *, channel: Channel, control: ControlApp) -> None:
+        self.app = app
+        self._channel = channel
+        self._control = control.for_generation(self._call)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and app_path(scope).rstrip("/") in GENERATION_PATHS:
+            await self._control(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _call(self, call: str, arguments: dict[str, object]) -> Answer:
+        try:
+            found = await self._channel.request(
+                "control", timeout=FORWARD_TIMEOUT, call=call, args=arguments
+            )
+        except (ChannelClosedError, TimeoutError):
+            return _UNAVAILABLE
+        return _answer_from_wire(found)
+
+
+def _answer_from_wire(found: Mapping[str, Any]) -> Answer:
+    headers = {str(k).lower(): str(v) for k, v in found.get("headers", ())}
+    content_type = headers.pop("content-type", "application/json")
+    body = found.get("body")
+    encoded = body.encode() if isinstance(body, str) else orjson.dumps(body)
+    return Answer(int(found.get("status", 500)), encoded, content_type, tuple(headers.items()))
+
+
+# The recycling limits: the worker notices, the supervisor replaces.
+#: How often memory and lifetime are looked at.
+LOOK: Final = 1.0
+#: How often a worker past a limit that still accepts reports it again.
+REPORT_AGAIN: Final = 5.0
+_MIB: Final = 1024 * 1024
+
+
+def resident_mib() -> float | None:
+    """This process's resident memory in MiB (None where ``/proc`` is not there)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            resident = int(statm.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return resident * os.sysconf("SC_PAGE_SIZE") / _MIB
+
+
+@final
+class RequestCounter:
+    """Pure ASGI: counts HTTP requests and WebSocket sessions; calls ``on_limit`` once, at the
+    ``limit``-th."""
+
+    __slots__ = ("app", "count", "limit", "on_limit")
+
+    def __init__(self, app: ASGIApp, /, *, limit: int, on_limit: Callable[[int], None]) -> None:
+        self.app = app
+        self.limit = limit
+        self.on_limit = on_limit
+        self.count = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            self.count += 1
+            if self.count == self.limit:
+                self.on_limit(self.count)
+        await self.app(scope, receive, send)
+
+
+@final
+class LimitWatch:
+    """One worker's limits; ``report(why)`` sends the report to the supervisor."""
+
+    def __init__(self, options: ServeOptions, report: Callable[[str], None]) -> None:
+        self._options = options
+        self._report = report
+        #: This worker's request limit: ``--max-requests`` plus its own jitter.
+        self.max_requests: int | None = None
+        if options.max_requests is not None:
+            jitter = options.max_requests_jitter
+            self.max_requests = options.max_requests + (random.randint(0, jitter) if jitter else 0)
+        self._why: str | None = None
+        self._reported = 0.0
+        self._accepting_since: float | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def active(self) -> bool:
+        options = self._options
+        return any(
+            limit is not None
+            for limit in (self.max_requests, options.max_worker_memory, options.max_worker_lifetime)
+        )
+
+    def wrap(self, app: ASGIApp) -> ASGIApp:
+        """``app`` with its requests counted (itself when there is no request limit)."""
+        if self.max_requests is None:
+            return app
+        return RequestCounter(app, limit=self.max_requests, on_limit=self._requests_reached)
+
+    def _requests_reached(self, count: int) -> None:
+        self._reached(f"max-requests: {count} requests")
+
+    def _reached(self, why: str) -> None:
+        if self._why is None:
+            self._why = why
+            logger.info("worker.limit_reached %s", why)
+            if self._accepting_since is not None:
+                self._send()
+
+    def _send(self) -> None:
+        assert self._why is not None
+        self._reported = time.monotonic()
+        self._report(self._why)
+
+    def start(self) -> None:
+        """The worker accepts from now on: its lifetime counts, and a limit is reported."""
+        if self._accepting_since is not None or not self.active:
+            return
+        self._accepting_since = time.monotonic()
+        if self._why is not None:
+            self._send()
+        self._task = asyncio.ensure_future(self._watch())
+
+    def stop(self) -> None:
+        """The worker no longer accepts: nothing more to report."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _watch(self) -> None:
+        assert self._accepting_since is not None
+        options = self._options
+        limit, lifetime = options.max_worker_memory, options.max_worker_lifetime
+        while True:
+            await asyncio.sleep(LOOK)
+            now = time.monotonic()
+            if self._why is None:
+                memory = None if limit is None else resident_mib()
+                if memory is not None and limit is not None and memory > limit:
+                    self._reached(f"max-worker-memory: {memory:.0f} MiB resident")
+                elif lifetime is not None and now - self._accepting_since >= lifetime:
+                    self._reached(f"max-worker-lifetime: {lifetime:g} s")
+            elif now - self._reported >= REPORT_AGAIN:
+                self._send()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
