@@ -25,19 +25,17 @@ from forgezero_lifecycle.cli.main import build_parser, main
 from forgezero_lifecycle.runtime import Runtime
 from forgezero_lifecycle.serve.command import load_app
 from forgezero_lifecycle.serve.options import (
-    ServeOptions,
-    options_from_args,
-    options_from_wire,
-)
-from forgezero_lifecycle.serve.server import uvicorn_config
-from forgezero_lifecycle.serve.uvicorn_options import (
     NOT_TAKEN,
+    ServeOptions,
     UvicornOptions,
     check,
     config_arguments,
     configure_logging,
     loop_factory,
+    options_from_args,
+    options_from_wire,
 )
+from forgezero_lifecycle.serve.server import uvicorn_config
 from tests.certificates import self_signed
 
 

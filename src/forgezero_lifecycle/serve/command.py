@@ -19,9 +19,8 @@ from .._internals import uvicorn as _uvicorn
 from ..asgi._types import ASGIApp
 from ..runtime import Runtime
 from .listeners import own_listeners
-from .options import ServeOptions
+from .options import ServeOptions, check, configure_logging, load_env_file, loop_factory
 from .server import find_runtime, log_config, serve_app
-from .uvicorn_options import check, configure_logging, load_env_file, loop_factory
 
 __all__ = ["load_app", "run"]
 

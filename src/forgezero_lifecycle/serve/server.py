@@ -22,8 +22,7 @@ from ..runtime import Runtime
 from ..stop.connections import ConnectionStop, zero_loss_protocol
 from ..stop.server import ZeroLossServer, cut_connections
 from ..wire.drain import DrainState
-from .options import ServeOptions
-from .uvicorn_options import config_arguments
+from .options import ServeOptions, config_arguments
 
 __all__ = ["drain_then_stop", "find_runtime", "log_config", "serve_app", "uvicorn_config"]
 
@@ -199,7 +198,7 @@ class _Server(ZeroLossServer):
 
 def uvicorn_config(app: ASGIApp, options: ServeOptions) -> uvicorn.Config:
     """The ``uvicorn.Config`` of one serving process: serve's flags, then uvicorn's own
-    (:func:`~.uvicorn_options.config_arguments`: TLS, headers, limits, WebSocket settings)."""
+    (:func:`~.options.config_arguments`: TLS, headers, limits, WebSocket settings)."""
     return uvicorn.Config(
         app,
         host=options.host,

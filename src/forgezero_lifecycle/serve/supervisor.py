@@ -152,9 +152,8 @@ from ..wire.supervisor import (
 )
 from . import machine as m
 from .listeners import Listener, held_listeners
-from .options import ServeOptions, read_revision
+from .options import ServeOptions, configure_logging, read_revision
 from .server import SHUTDOWN_MARGIN, log_config
-from .uvicorn_options import configure_logging
 from .workers import Generation, WorkerHandle
 
 __all__ = [

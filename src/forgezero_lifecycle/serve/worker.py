@@ -95,9 +95,8 @@ from ..stop.server import ZeroLossServer
 from ..wire import paths
 from .channel import Channel, ChannelClosedError, LimitReport, StateReport, read_frame_blocking
 from .command import load_app
-from .options import ServeOptions, options_from_wire
+from .options import ServeOptions, loop_factory, options_from_wire
 from .server import drain_then_stop, serve_app
-from .uvicorn_options import loop_factory
 
 __all__ = [
     "FORWARD_TIMEOUT",
