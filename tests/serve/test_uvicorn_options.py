@@ -23,7 +23,6 @@ from forgezero_lifecycle._errors import ConfigurationError
 from forgezero_lifecycle._internals import uvicorn as _uvicorn
 from forgezero_lifecycle.cli.main import build_parser, main
 from forgezero_lifecycle.runtime import Runtime
-from forgezero_lifecycle.serve.command import load_app
 from forgezero_lifecycle.serve.options import (
     NOT_TAKEN,
     ServeOptions,
@@ -35,7 +34,7 @@ from forgezero_lifecycle.serve.options import (
     options_from_args,
     options_from_wire,
 )
-from forgezero_lifecycle.serve.server import uvicorn_config
+from forgezero_lifecycle.serve.server import load_app, uvicorn_config
 from tests.certificates import self_signed
 
 

@@ -45,7 +45,6 @@ from .._lazy import attach
 # Each name is imported on first use (forgezero_lifecycle._lazy): ``serve.machine``
 # imports neither uvicorn nor Starlette (tests/serve/test_machine_alone.py).
 if TYPE_CHECKING or not attach(__name__):
-    from .command import run as run
     from .options import ServeOptions as ServeOptions
     from .options import add_arguments as add_arguments
     from .options import options_from_args as options_from_args
@@ -53,4 +52,5 @@ if TYPE_CHECKING or not attach(__name__):
     from .options import parse_duration as parse_duration
     from .options import parse_revision as parse_revision
     from .server import find_runtime as find_runtime
+    from .server import run as run
     from .server import serve_app as serve_app

@@ -566,7 +566,7 @@ class ServeOptions:
 
     ``revision``, ``not_ready_grace`` and ``stream_grace`` are None when not given. ``serve``
     builds a runtime from them when the app has none (0 s and 5 s by default); an app that
-    builds its own runtime must agree with every one that was given (see :func:`~.command.run`).
+    builds its own runtime must agree with every one that was given (see :func:`~.server.run`).
     """
 
     host: str = "127.0.0.1"

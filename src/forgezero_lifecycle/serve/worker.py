@@ -94,9 +94,8 @@ from ..stop.accepting import Tally, accept_one_at_a_time
 from ..stop.server import ZeroLossServer
 from ..wire import paths
 from .channel import Channel, ChannelClosedError, LimitReport, StateReport, read_frame_blocking
-from .command import load_app
 from .options import ServeOptions, loop_factory, options_from_wire
-from .server import drain_then_stop, serve_app
+from .server import drain_then_stop, load_app, serve_app
 
 __all__ = [
     "FORWARD_TIMEOUT",
