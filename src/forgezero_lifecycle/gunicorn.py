@@ -21,7 +21,7 @@ worker's stop is a handover:
 * QUIT (gunicorn's quick stop) and a second TERM: the shutdown at once, still lingering.
 
 Each worker accepts one connection each time the shared socket wakes it
-(:mod:`forgezero_lifecycle.stop.accepting`), where uvicorn's would take every connection queued:
+(:mod:`forgezero_lifecycle.stop.server`), where uvicorn's would take every connection queued:
 a burst of connections is shared with the siblings woken by the same readiness. (Without the
 per-generation tally ``serve --workers`` keeps, a worker that gets the CPU first under contention
 still takes more than its share.)
@@ -54,9 +54,15 @@ from ._internals import gunicorn as _gunicorn
 from ._internals import report
 from ._internals import uvicorn as _uvicorn
 from .serve.server import find_runtime
-from .stop.accepting import accept_one_at_a_time
-from .stop.connections import LINGER_TIMEOUT, ConnectionStop, zero_loss_protocol
-from .stop.server import FIRST_BYTE_GRACE, HANDOVER_GRACE, ZeroLossServer
+from .stop.server import (
+    FIRST_BYTE_GRACE,
+    HANDOVER_GRACE,
+    LINGER_TIMEOUT,
+    ConnectionStop,
+    ZeroLossServer,
+    accept_one_at_a_time,
+    zero_loss_protocol,
+)
 
 __all__ = ["UvicornH11Worker", "UvicornWorker", "required_graceful_timeout"]
 
@@ -128,7 +134,7 @@ class UvicornWorker(_UvicornWorker):
 
 
 class _OneAtATimeServer(ZeroLossServer):
-    """Accepts on gunicorn's sockets one connection a wake-up (:mod:`.stop.accepting`), so the
+    """Accepts on gunicorn's sockets one connection a wake-up (:mod:`.stop.server`), so the
     worker woken first does not take a whole burst of connections from its siblings."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:

@@ -24,8 +24,7 @@ import anyio.abc
 import httpx
 
 from forgezero_lifecycle.core._httpx import tls_context
-from forgezero_lifecycle.stop.connections import CLOSE_REFUSAL_HEADER
-from forgezero_lifecycle.stop.server import FIRST_BYTE_GRACE
+from forgezero_lifecycle.stop.server import CLOSE_REFUSAL_HEADER, FIRST_BYTE_GRACE
 
 __all__ = [
     "REFUSAL",

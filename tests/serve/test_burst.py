@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from forgezero_lifecycle.core._httpx import tls_context
-from forgezero_lifecycle.stop.accepting import DEFER_LIMIT, Tally, may_accept
+from forgezero_lifecycle.stop.server import DEFER_LIMIT, Tally, may_accept
 
 from .conftest import BOUND, StartSupervised, Supervised
 

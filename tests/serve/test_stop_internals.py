@@ -7,8 +7,7 @@ import uvicorn
 
 from forgezero_lifecycle._errors import ConfigurationError
 from forgezero_lifecycle._internals import uvicorn as _uvicorn
-from forgezero_lifecycle.stop.connections import LINGER_TIMEOUT
-from forgezero_lifecycle.stop.server import HANDOVER_GRACE, ServerStop
+from forgezero_lifecycle.stop.server import HANDOVER_GRACE, LINGER_TIMEOUT, ServerStop
 
 
 async def _app(scope: object, receive: object, send: object) -> None:

@@ -27,7 +27,7 @@ the gunicorn worker class use:
   (:func:`protocol_factory`: a ``serve --workers`` worker and the gunicorn worker class accept
   their own way, one connection a wake-up, and so does the final stop of a handing-over one);
 * ``Server.startup(sockets=[])`` starting no listener, and ``Server.servers`` entries used only
-  through ``close()``, ``wait_closed()`` and ``sockets`` (:mod:`forgezero_lifecycle.stop.accepting`
+  through ``close()``, ``wait_closed()`` and ``sockets`` (:mod:`forgezero_lifecycle.stop.server`
   adds its own listeners there);
 * the lifespan's ``state`` (``LifespanOn``, ``LifespanOff``), and ``LifespanOn``'s
   ``startup_event``, ``shutdown_event`` and ``shutdown()`` where ``Server.serve()`` returned

@@ -13,7 +13,7 @@ and, where they say nothing, from the library's own defaults:
    (``--drain-timeout``). The not-ready grace and the stream grace run inside the drain
    deadline (a drain caps each at half of what is left), so they are not added to it. The stop
    is ``serve``'s stop at the socket once drained (first-byte grace + lingering close +
-   :data:`~forgezero_lifecycle.stop.connections.OVERDUE_MARGIN`); the margin is the hook's
+   :data:`~forgezero_lifecycle.stop.server.OVERDUE_MARGIN`); the margin is the hook's
    process start and the exit (``--margin``, default :data:`MARGIN`).
 2. The readiness probe notices the drain within the not-ready grace: ``periodSeconds`` x
    ``failureThreshold`` ≤ the grace (the endpoint leaves the Service before intake closes).
@@ -38,7 +38,7 @@ from typing import Any, Final
 
 from ..runtime import Runtime
 from ..serve.options import ServeOptions, parse_duration
-from ..stop.connections import ConnectionStop
+from ..stop.server import ConnectionStop
 from .commands import DEFAULT_DEADLINE
 from .output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail, printable
 

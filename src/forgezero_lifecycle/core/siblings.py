@@ -16,7 +16,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ..stop._proc import parent_of, socket_inodes
+from ..stop.sockets import parent_of, socket_inodes
 
 __all__ = ["listening_inodes", "shares_listener", "sibling_pids"]
 

@@ -31,8 +31,7 @@ from ..asgi._types import ASGIApp
 from ..core.gate import DrainMoment
 from ..core.self_drain import self_drain
 from ..runtime import Runtime
-from ..stop.connections import ConnectionStop, zero_loss_protocol
-from ..stop.server import ZeroLossServer, cut_connections
+from ..stop.server import ConnectionStop, ZeroLossServer, cut_connections, zero_loss_protocol
 from ..wire.drain import DrainState
 from .listeners import own_listeners
 from .options import (

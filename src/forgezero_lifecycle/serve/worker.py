@@ -15,7 +15,7 @@ every worker of its generation is ready): then it accepts on the shared listener
 then the connections wait in the kernel's accept queue, so the first worker to be ready does not
 take a whole burst of keep-alive clients for itself. It accepts one connection a wake-up, and
 leaves a queued one to a sibling that holds fewer (the generation's
-:class:`~forgezero_lifecycle.stop.accepting.Tally`, passed as ``--tally-fd``). The commands are a dispatch table
+:class:`~forgezero_lifecycle.stop.server.Tally`, passed as ``--tally-fd``). The commands are a dispatch table
 (:data:`~forgezero_lifecycle.serve.channel.COMMANDS`); a malformed command is answered
 ``RUNTIME_BAD_MESSAGE`` and changes nothing.
 
@@ -90,8 +90,7 @@ from ..asgi._paths import app_path
 from ..asgi._types import ASGIApp, Receive, Scope, Send
 from ..asgi.control import GENERATION_PATHS, Answer, ControlApp
 from ..runtime import Runtime
-from ..stop.accepting import Tally, accept_one_at_a_time
-from ..stop.server import ZeroLossServer
+from ..stop.server import Tally, ZeroLossServer, accept_one_at_a_time
 from ..wire import paths
 from .channel import Channel, ChannelClosedError, LimitReport, StateReport, read_frame_blocking
 from .options import ServeOptions, loop_factory, options_from_wire
@@ -302,7 +301,7 @@ class WorkerAgent:
         """Leave the generation alone (recycled, scaled down): stop accepting and ask every
         HTTP connection to close (as a handover's old generation does), then, once the grace
         is over and every connection that was idle has closed or carries a request the app runs
-        (:meth:`~forgezero_lifecycle.stop.connections.ConnectionStop.wait_moved`; at most the
+        (:meth:`~forgezero_lifecycle.stop.server.ConnectionStop.wait_moved`; at most the
         drain's deadline), drain and stop. A connection accepted just before the listener
         closed is answered with ``Connection: close`` once its first request comes: the drain
         waits for it instead of refusing that request."""

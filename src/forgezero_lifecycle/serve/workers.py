@@ -46,7 +46,7 @@ from .._errors import DrainFailedError
 from ..asgi._in_flight import MAX_ITEMS
 from ..core.drain import DrainController
 from ..core.self_drain import UNKNOWN_REVISION
-from ..stop.accepting import Tally
+from ..stop.server import Tally
 from ..wire import paths
 from ..wire._protocol import deadline_ms
 from ..wire.drain import (
@@ -416,7 +416,7 @@ class Generation:
         self._lost: list[WorkerHandle] = []
         self._fan_out = _FanOut(self)
         self.controller = DrainController(self._fan_out, revision=self.revision)
-        # Each worker's open connections, so a burst spreads over them (stop.accepting): a slot
+        # Each worker's open connections, so a burst spreads over them (stop.server): a slot
         # for each place a worker may take, with room for those replaced or added meanwhile.
         self._tally_slots = 2 * options.workers + 2
         self.tally, self._tally_file = Tally.create(self._tally_slots)
