@@ -1,5 +1,6 @@
-"""A worker's recycling limits (:class:`~forgezero_lifecycle.serve.worker.LimitWatch`): it reports passing one only once it
-accepts, again while it still accepts, and never after it stopped accepting."""
+"""A worker's recycling limits (:class:`~forgezero_lifecycle.serve.worker.LimitWatch`): it
+reports passing one only once it accepts, again while it still accepts, and never after it
+stopped accepting."""
 
 from __future__ import annotations
 

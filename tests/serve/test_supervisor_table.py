@@ -1,5 +1,6 @@
-"""The supervisor's table (:data:`~forgezero_lifecycle.serve.machine.TABLE`) is the code: every (phase, event) pair is decided
-there, the machine obeys it, and the documented tables are rendered from it."""
+"""The supervisor's table (:data:`~forgezero_lifecycle.serve.machine.TABLE`) is the code: every
+(phase, event) pair is decided there, the machine obeys it, and the documented tables are
+rendered from it."""
 
 from __future__ import annotations
 

@@ -23,17 +23,21 @@ With ``--workers N`` the process is a supervisor instead: it holds the listening
 generations of N worker processes that drain as one, and SIGHUP hands over to a new generation
 on the same port (README "Several workers").
 
-Modules: ``options`` (flags and values), ``command`` (import the app, find its runtime),
-``server`` (uvicorn under the runtime's control), ``connections`` (the stop of each
-connection), ``sockets`` (the stop of a listener), ``listeners`` (binding, systemd socket
-activation); for ``--workers``: ``machine`` (the supervisor's decisions: states, events,
-actions, no I/O), ``supervisor`` (the I/O that carries them out: signals, generations,
-timers), ``generation`` (one generation's workers and drain), ``worker_handle`` (the
-supervisor's handle on one worker process), ``worker`` (the worker process's entry point),
-``channel`` (their private channel) and ``messages`` (what it carries), ``handovers`` (the
-record of each generation switch, for ``supervisor/v1/handover``), ``state_transfer`` (the state
-transfer, worker by worker, to the next generation), ``forwarding`` (the generation-wide
-control paths, forwarded by a worker and answered by the supervisor).
+Modules: ``options`` (flags and values, uvicorn's among them), ``server`` (the ``serve``
+command: import the app, find its runtime, serve it under uvicorn with the runtime in control),
+``listeners`` (binding, systemd socket activation), ``connections`` and ``sockets`` (the stop
+of each connection and of a listener, from :mod:`forgezero_lifecycle.stop`); for
+``--workers``: ``machine`` (the supervisor's decisions and its table: states, events, actions,
+no I/O), ``supervisor`` (the I/O that carries them out: signals, generations, timers, the
+record of each handover, the state transfer, the answers to forwarded control calls),
+``workers`` (the supervisor's handle on each worker process, and one generation's workers and
+drain), ``channel`` (their private channel and the messages it carries) and ``worker`` (the
+worker process: its commands, its end of the forwarded control paths, its recycling limits).
+A SIGHUP runs through ten modules from the signal to the old generation's exit: ``machine``,
+``supervisor``, ``workers``, ``channel``, ``options``, ``worker`` and ``server`` here,
+``server`` and ``sockets`` of :mod:`forgezero_lifecycle.stop`, and
+:mod:`forgezero_lifecycle._internals.uvicorn` (docs/supervisor-states.md, "Reading a handover";
+``tests/serve/test_sighup_path.py`` measures it).
 """
 
 from __future__ import annotations

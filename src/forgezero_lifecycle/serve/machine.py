@@ -32,9 +32,10 @@ purpose: what the event reports is over, for the reason given) or :class:`Imposs
 layer can report it there: the machine raises :class:`ImpossibleEventError` and the supervisor
 fails loudly). The table below, the one in ``docs/supervisor-states.md`` and its state diagram
 are rendered from :data:`TABLE` (``python -m forgezero_lifecycle.serve.machine --write``);
-``tests/serve/test_supervisor_table.py`` fails when either differs from it. A timer belongs to the step that set it: a stop timer
-kills only the workers that very stop still waits for. An action that begins something
-(:data:`BEGINNINGS`) decided before a stop is never carried out after it (:meth:`outdated`).
+``tests/serve/test_supervisor_table.py`` fails when either differs from it. A timer belongs to
+the step that set it: a stop timer kills only the workers that very stop still waits for. An
+action that begins something (:data:`BEGINNINGS`) decided before a stop is never carried out
+after it (:meth:`outdated`).
 
 Every (phase, event) pair (rendered from :data:`TABLE`)::
 

@@ -2,10 +2,10 @@
 production flags under uvicorn's names and with uvicorn's meanings.
 
 :class:`ServeOptions` holds every value ``serve`` takes (:func:`options_from_args`), uvicorn's
-among them (:class:`UvicornOptions`). ``serve`` runs uvicorn in every process that serves (the one process, or each worker of
-``--workers N``), so most flags become arguments of that process's ``uvicorn.Config``
-(:func:`config_arguments`). The rest are carried out by ``serve`` itself, because it does
-the work uvicorn would do in their place:
+among them (:class:`UvicornOptions`). ``serve`` runs uvicorn in every process that serves (the
+one process, or each worker of ``--workers N``), so most flags become arguments of that
+process's ``uvicorn.Config`` (:func:`config_arguments`). The rest are carried out by ``serve``
+itself, because it does the work uvicorn would do in their place:
 
 * ``--uds`` and ``--fd``: the process that holds the listener binds the unix socket or takes the
   descriptor (:mod:`.listeners`); with ``--workers`` that is the supervisor, and every worker

@@ -97,8 +97,8 @@ merged scrape for :data:`METRICS_REUSE` seconds.
 
 * **One worker at a time** (recycling, the watchdog, scaling), as a handover of one worker: a
   worker past ``--max-requests`` (with its jitter), ``--max-worker-memory`` or
-  ``--max-worker-lifetime`` reports it (:class:`~.worker.LimitWatch`); a worker whose event loop does not
-  answer the heartbeat (``--worker-timeout``) is noticed here; SIGTTIN, SIGTTOU and
+  ``--max-worker-lifetime`` reports it (:class:`~.worker.LimitWatch`); a worker whose event
+  loop does not answer the heartbeat (``--worker-timeout``) is noticed here; SIGTTIN, SIGTTOU and
   ``POST supervisor/v1/scale`` change the generation's size. The replacement starts, is ready
   and accepts; only then does the worker it replaces stop accepting, ask its keep-alive clients
   to reconnect (``--handover-grace``) and drain under its own bound, or, unresponsive, get

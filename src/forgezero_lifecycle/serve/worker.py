@@ -15,9 +15,9 @@ every worker of its generation is ready): then it accepts on the shared listener
 then the connections wait in the kernel's accept queue, so the first worker to be ready does not
 take a whole burst of keep-alive clients for itself. It accepts one connection a wake-up, and
 leaves a queued one to a sibling that holds fewer (the generation's
-:class:`~forgezero_lifecycle.stop.server.Tally`, passed as ``--tally-fd``). The commands are a dispatch table
-(:data:`~forgezero_lifecycle.serve.channel.COMMANDS`); a malformed command is answered
-``RUNTIME_BAD_MESSAGE`` and changes nothing.
+:class:`~forgezero_lifecycle.stop.server.Tally`, passed as ``--tally-fd``). The commands are a
+dispatch table (:data:`~forgezero_lifecycle.serve.channel.COMMANDS`); a malformed command is
+answered ``RUNTIME_BAD_MESSAGE`` and changes nothing.
 
 A ``stop`` that comes while the worker still imports the app or runs its lifespan startup
 (booting) is remembered: once the import is over it does not serve, and once the startup is
