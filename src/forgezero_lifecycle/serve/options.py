@@ -49,7 +49,6 @@ from .._internals import uvicorn as _uvicorn
 from .._tokens import read_token
 from ..wire import _protocol
 from ..wire._types import is_revision
-from .machine import MAX_WORKERS
 
 __all__ = [
     "LOOPS",
@@ -1016,6 +1015,12 @@ def read_revision(options: ServeOptions) -> str | None:
 
 
 def _workers(text: str) -> int:
+    # The bound is the machine's, imported where the flag is parsed (once, in the process that
+    # becomes the supervisor) rather than with this module: a worker process reads its options
+    # from the wire, and importing the machine's hundred dataclasses would cost each worker's
+    # start about 35 ms of CPU.
+    from .machine import MAX_WORKERS
+
     if not text.isdigit() or not 1 <= int(text) <= MAX_WORKERS:
         raise argparse.ArgumentTypeError(f"--workers takes 1 to {MAX_WORKERS}, not {text!r}")
     return int(text)
