@@ -45,7 +45,9 @@ MEANINGS: Final[dict[str, tuple[str, str]]] = {
     ),
     "handoff": (
         "begin → acknowledged of a state handoff between two real uvicorn generations: export"
-        " (dump, canonical JSON, import check, digest), loopback fetch, checks and import",
+        " (dump, canonical JSON, digest; the URL says importCheck=importer, as serve's and the"
+        " CLI's do, so the importer's validation is the value's one check), loopback fetch,"
+        " checks and import",
         "ours / an httpx GET of the same value bytes, orjson.loads and model_validate: what the"
         " handoff's checks add over a bare typed transfer",
     ),
@@ -95,9 +97,8 @@ MISSED_BECAUSE: Final[dict[tuple[str, str], str]] = {
         " request and instructions rows measure the same overhead without it"
     ),
     ("handoff 1 MiB", "begin"): (
-        "with the collector left alone it scans the two typed values of the state the handoff"
-        " builds (the export's import check, the import) again and again while they grow;"
-        " Runtime(handoff_pauses_collector=True) is what buys the rest"
+        "with the collector left alone it scans the typed value the import builds again and"
+        " again while it grows; Runtime(handoff_pauses_collector=True) is what buys the rest"
     ),
     ("recycling.", "requests/s"): (
         "each recycle starts a fresh Python worker (about 0.6 s of CPU to import the app):"

@@ -127,10 +127,11 @@ def test_no_advice_without_siblings(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_export_url_completed() -> None:
-    """A base URL gets the export path and both revisions; a full URL is kept."""
+    """A base URL gets the export path, both revisions and the import check left to the new
+    generation (which validates the value itself); a full URL is kept."""
     assert export_url("http://127.0.0.1:8000", REVISION_A, REVISION_B) == (
         "http://127.0.0.1:8000/.forgezero/runtime/state/v1/export"
-        f"?sourceRevision={REVISION_A}&targetRevision={REVISION_B}"
+        f"?sourceRevision={REVISION_A}&targetRevision={REVISION_B}&importCheck=importer"
     )
     full = "http://[::1]:8000/custom/export?sourceRevision=x&targetRevision=y"
     assert export_url(full, REVISION_A, REVISION_B) == full

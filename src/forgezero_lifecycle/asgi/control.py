@@ -345,8 +345,12 @@ class ControlApp:
                 detail="begin a drain first: export needs closed intake",
             )
         query = request.query_params
+        # Fetched for an import, which validates the value itself: not checked here as well.
+        importer_checks = query.get(paths.IMPORT_CHECK_QUERY) == paths.IMPORTER_CHECKS
         document = await handoff.export_document(
-            query.get("sourceRevision"), query.get("targetRevision")
+            query.get("sourceRevision"),
+            query.get("targetRevision"),
+            check_imports=not importer_checks,
         )
         # Canonical JSON, the bytes the digest covers: byte-stable, and able to carry what JSON
         # allows (lone surrogates in keys included), which pydantic's JSON mode cannot. What

@@ -169,11 +169,17 @@ async def _handoff(args: argparse.Namespace) -> int:
 
 
 def export_url(given: str, source_revision: str, target_revision: str) -> str:
-    """``given`` as the full export URL: a bare base URL gets the export path and the query."""
+    """``given`` as the full export URL: a bare base URL gets the export path and the query,
+    which says that the importer checks the value (``importCheck=importer``: the new generation
+    validates it, so the old one does not as well); a URL with a query of its own is kept."""
     url = urlsplit(given)
     path = url.path if url.path not in ("", "/") else paths.RUNTIME_STATE_EXPORT_PATH
     query = url.query or urlencode(
-        {"sourceRevision": source_revision, "targetRevision": target_revision}
+        {
+            "sourceRevision": source_revision,
+            "targetRevision": target_revision,
+            paths.IMPORT_CHECK_QUERY: paths.IMPORTER_CHECKS,
+        }
     )
     return urlunsplit((url.scheme, url.netloc, path, query, url.fragment))
 

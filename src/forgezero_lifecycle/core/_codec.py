@@ -201,15 +201,21 @@ class StateCodec(Generic[T]):
         target: str,
         *,
         leftovers: Leftovers | None = None,
+        check_imports: bool = True,
     ) -> tuple[str, bytes]:
         """The digest and canonical JSON document of :meth:`seal`, without the envelope model.
+
+        ``check_imports=False`` leaves out :meth:`_check_imports`, for a requester that makes
+        that check itself (a new generation fetching its handoff validates every value).
 
         Without ``leftovers`` the dumped value dies inside the step, with the import check's
         typed value. With them and ``pause_collector`` on, both are left there, in the oldest
         generation, for the caller to free once the document is sent (:class:`Leftovers`)
         instead of before; with it off, they die inside the step all the same.
         """
-        signed, document = self._seal(cursor, value, source, target, leftovers)
+        signed, document = self._seal(
+            cursor, value, source, target, leftovers, check_imports=check_imports
+        )
         return cast("str", signed["digest"]), document
 
     def _seal(
@@ -221,6 +227,7 @@ class StateCodec(Generic[T]):
         leftovers: Leftovers | None = None,
         *,
         keep_value: bool = False,
+        check_imports: bool = True,
     ) -> tuple[dict[str, object], bytes]:
         """The signed envelope as JSON data, and its canonical JSON document.
 
@@ -240,7 +247,7 @@ class StateCodec(Generic[T]):
         if not (keep_value or holding):
             unsigned["value"] = None
             del data
-        checked = self._check_imports(value_bytes)
+        checked = self._check_imports(value_bytes) if check_imports else None
         if len(encoded) > self.maximum_bytes:
             raise StateExportError(
                 "RUNTIME_STATE_EXPORT_TOO_LARGE",

@@ -183,8 +183,14 @@ class StateHandoffController(Generic[T]):
         self._exported_as(target, envelope.digest, len(document))
         return envelope
 
-    async def export_document(self, source_revision: object, target_revision: object) -> bytes:
+    async def export_document(
+        self, source_revision: object, target_revision: object, *, check_imports: bool = True
+    ) -> bytes:
         """The same envelope as canonical JSON bytes, as the export endpoint serves it.
+
+        ``check_imports=False`` leaves out the check that the value's JSON imports as its model
+        (``RUNTIME_STATE_EXPORT_INVALID``): for a requester that validates it itself, as a new
+        generation fetching its handoff does, so that the value is validated once, not twice.
 
         With ``pause_collector`` on, the sealing step's large temporaries (the dumped value, the
         import check's typed value) are kept, unscanned by the collector, until
@@ -196,7 +202,12 @@ class StateHandoffController(Generic[T]):
         cursor, value, source, target = await self._exported(source_revision, target_revision)
         # No envelope model: nothing the sealing step made but the document outlives the export.
         digest, document = self._codec.seal_document(
-            cursor, value, source, target, leftovers=self._export_leftovers
+            cursor,
+            value,
+            source,
+            target,
+            leftovers=self._export_leftovers,
+            check_imports=check_imports,
         )
         self._exported_as(target, digest, len(document))
         return document

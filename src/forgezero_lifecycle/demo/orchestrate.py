@@ -242,7 +242,7 @@ async def _handoff(
         source_revision=a.revision,
         target_revision=b.revision,
         source_url=f"{a.url}/.forgezero/runtime/state/v1/export"
-        f"?sourceRevision={a.revision}&targetRevision={b.revision}",
+        f"?sourceRevision={a.revision}&targetRevision={b.revision}&importCheck=importer",
         handoff_token=token,
     )
     await control_b.begin_handoff(request, timeout_ms=5000)

@@ -1107,7 +1107,14 @@ async def hand_state_over(
 
     async def one(before: WorkerHandle, after: WorkerHandle) -> None:
         assert before.state_kind is not None
-        query = urlencode({"sourceRevision": source, "targetRevision": target})
+        query = urlencode(
+            {
+                "sourceRevision": source,
+                "targetRevision": target,
+                # The new worker validates the value itself: the old one need not check it too.
+                paths.IMPORT_CHECK_QUERY: paths.IMPORTER_CHECKS,
+            }
+        )
         request = {
             "protocol": before.state_kind["protocol"],
             "nonce": secrets.token_urlsafe(32),

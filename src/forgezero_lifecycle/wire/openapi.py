@@ -194,7 +194,7 @@ def _paths() -> dict[str, Any]:
             "get": _operation(
                 "exportState",
                 "The signed state envelope (handoff token; only once intake is closed).",
-                parameters=revisions,
+                parameters=[*revisions, _import_check()],
                 ok=(200, "StateEnvelope"),
                 security="handoff",
                 errors={
@@ -416,6 +416,20 @@ def _json_response(description: str, schema: Mapping[str, Any]) -> dict[str, Any
 
 def _object(**properties: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "object", "required": sorted(properties), "properties": dict(properties)}
+
+
+def _import_check() -> dict[str, Any]:
+    return {
+        "name": paths.IMPORT_CHECK_QUERY,
+        "in": "query",
+        "required": False,
+        "description": (
+            f"`{paths.IMPORTER_CHECKS}` in the URL a new generation fetches: its import validates "
+            "the value against its model itself, so the export makes no import check of its own "
+            "(no 422 RUNTIME_STATE_EXPORT_INVALID for a value that would not import)"
+        ),
+        "schema": {"type": "string", "enum": [paths.IMPORTER_CHECKS]},
+    }
 
 
 def _query(name: str, description: str, pattern: re.Pattern[str]) -> dict[str, Any]:

@@ -8,6 +8,8 @@ from typing import Final
 
 __all__ = [
     "CONTROL_PREFIX",
+    "IMPORTER_CHECKS",
+    "IMPORT_CHECK_QUERY",
     "RUNTIME_DRAIN_BEGIN_PATH",
     "RUNTIME_DRAIN_CURRENT_PATH",
     "RUNTIME_DRAIN_ROLLBACK_PATH",
@@ -35,6 +37,13 @@ RUNTIME_DRAIN_ROLLBACK_PATH: Final = "/.forgezero/runtime/drain/v1/rollback"
 #: The port's addition: the running drain's status without its nonce (an operator who lost it).
 RUNTIME_DRAIN_CURRENT_PATH: Final = "/.forgezero/runtime/drain/v1/current"
 RUNTIME_STATE_EXPORT_PATH: Final = "/.forgezero/runtime/state/v1/export"
+#: The port's addition to the export's query: ``importCheck=importer`` in the URL an orchestrator
+#: gives a new generation to fetch says that its importer validates the value against its model
+#: itself (every import does), so the export makes no import check of its own: the value is
+#: validated once, not twice. An export asked for without it (a backup, an operator's look) is
+#: checked as before; the JavaScript original ignores the parameter.
+IMPORT_CHECK_QUERY: Final = "importCheck"
+IMPORTER_CHECKS: Final = "importer"
 RUNTIME_STATE_BEGIN_PATH: Final = "/.forgezero/runtime/state/v1/begin"
 RUNTIME_STATE_STATUS_PATH: Final = "/.forgezero/runtime/state/v1/status"
 RUNTIME_SCHEDULES_STATUS_PATH: Final = "/.forgezero/runtime/schedules/v1/status"
