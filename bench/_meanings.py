@@ -101,9 +101,12 @@ MISSED_BECAUSE: Final[dict[tuple[str, str], str]] = {
         " again while it grows; Runtime(handoff_pauses_collector=True) is what buys the rest"
     ),
     ("recycling.", "requests/s"): (
-        "each recycle starts a fresh Python worker (about 0.6 s of CPU to import the app):"
-        " recycling every 1,000 requests at this rate keeps a worker starting almost all the time"
-        " on two cores"
+        "one recycle runs at a time, and at this rate they run back to back (a worker passes"
+        " 1,000 requests in a tenth of a second): each takes about a quarter of a CPU-second"
+        " (a fresh Python worker's start, most of it imports, and the handover) over about 0.4 s,"
+        " so recycling holds some 0.6 of the two cores for as long as the load lasts; 0.9 needs"
+        " a recycle to hold at most 0.2 of a core while it runs, which a worker started from a"
+        " fresh interpreter cannot (one forked from a process that imported the app might)"
     ),
     ("jobs.sqlite enqueue", "throughput"): (
         "each operation hops to the store's statement thread and back (SQLite I/O stays off"
