@@ -79,6 +79,11 @@ def handoff_request(
 ) -> StateHandoffRequest:
     """A validated state handoff request: the new generation fetches ``source_url`` itself.
 
+    ``source_url`` is the old generation's export URL, its revisions in the query; add
+    ``importCheck=importer`` there too, as ``forgezero-lifecycle handoff`` does, and the old
+    generation leaves the check that the value imports as its model to the new one, which makes
+    it anyway (docs/handoff.md).
+
     A handoff token that is not 43 base64url characters raises :class:`ConfigurationError`
     (``RUNTIME_CONFIG_INVALID``), which never shows the token.
     """
