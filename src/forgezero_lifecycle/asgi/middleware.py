@@ -217,8 +217,9 @@ class InFlightMiddleware:
         # The hot path, kept flat and small since it runs on every request: an HTTP request
         # that no setting sends elsewhere costs three tests before it is counted. Under uvicorn
         # while no drain runs, counting it is its notice's owner set and cleared and nothing
-        # else is done to it; every other counted request goes through _counted (a coroutine
-        # of its own, so that this one's frame stays small).
+        # else is done to it; under hypercorn over HTTP/1, its stream added to and discarded
+        # from a set. Every other counted request goes through _counted (a coroutine of its
+        # own: those paths are not paid for by these).
         # The control prefix is looked for anywhere in the path: the path inside the app is a
         # suffix of scope["path"] (ASGI 3 puts root_path in both), so a path without it is no
         # control path whatever root_path says, and one with it is screened in full by _route.
@@ -280,22 +281,14 @@ class InFlightMiddleware:
                 if gate.waiting_idle:
                     gate.released()
             return
-        await self._counted(scope, receive, send, cycle)
-
-    async def _counted(self, scope: Scope, receive: Receive, send: Send, cycle: object) -> None:
-        """A counted HTTP request that is not uvicorn's while serving: hypercorn's over HTTP/1
-        while serving, unwrapped; every other one (admitted while draining, HTTP/2, another
-        server) counted by the gate and wrapped, or refused."""
-        gate = self._gate
         # Under hypercorn, an HTTP/1 request while serving: the same as uvicorn's, on
-        # hypercorn's HTTPStream (asgi._hypercorn); HTTP/2 streams share a connection and are
-        # wrapped.
-        if gate.serving and type(cycle) is self._stream_kind and scope["http_version"] in HTTP1:
-            stream: Any = cycle
-            running = self._running
-            running.add(stream)
+        # hypercorn's HTTPStream (asgi._hypercorn), counted as a member of the running set;
+        # HTTP/2 streams share a connection and are wrapped.
+        if gate.serving and kind is self._stream_kind and scope["http_version"] in HTTP1:
+            running = self._running.members
+            running.add(cycle)
             notice = _new(self._notice_kind)
-            notice._owner = stream
+            notice._owner = cycle
             extensions = scope.get("extensions")
             if extensions is None:
                 scope["extensions"] = {EXTENSION: notice}
@@ -304,19 +297,25 @@ class InFlightMiddleware:
             try:
                 await self.app(scope, receive, send)
             except Exception as error:
-                if not (gate.draining and _hypercorn.given_up(stream) and _caused_by_drain(error)):
+                if not (gate.draining and _hypercorn.given_up(cycle) and _caused_by_drain(error)):
                     raise
             else:
                 if gate.draining:
-                    _hypercorn.settle(stream)
+                    _hypercorn.settle(cycle)
             finally:
-                notice._owner = None  # as under uvicorn: no cycle through the scope
-                running.discard(stream)
-                if type(stream.send) is DrainSend:
-                    _hypercorn.release(stream)
+                notice._owner = None  # as under uvicorn: no stream through the scope
+                running.discard(cycle)
+                if type(cycle.send) is DrainSend:
+                    _hypercorn.release(cycle)
                 if gate.waiting_idle:
                     gate.released()
             return
+        await self._counted(scope, receive, send)
+
+    async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A counted HTTP request that is not the server's own while serving (admitted while
+        draining, HTTP/2, another server): counted by the gate and wrapped, or refused."""
+        gate = self._gate
         if scope.get("http_version") == "2" and self._past_goaway(send):
             gate.refused_http += 1
             await self._refuse_http(scope, receive, send)
