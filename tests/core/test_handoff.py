@@ -12,7 +12,7 @@ import tracemalloc
 import zlib
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import httpx
 import pytest
@@ -22,8 +22,6 @@ from pydantic import (
     Secret,
     SecretBytes,
     SecretStr,
-    field_serializer,
-    model_validator,
 )
 
 from forgezero_lifecycle._canonical import canonical_json, state_digest
@@ -36,6 +34,7 @@ from forgezero_lifecycle.wire.handoff import (
     StateHandoffRequest,
     StateImportContext,
 )
+from tests.core._models import Checked, Counter
 
 pytestmark = pytest.mark.anyio
 
@@ -246,31 +245,11 @@ async def test_state_at_limit_imports() -> None:
     assert importer.imported[0][0] == at_limit.value
 
 
-class Counter(BaseModel):
-    count: int
-
-    @field_serializer("count")
-    def _as_text(self, count: int) -> str:
-        return str(count)  # serialises as "7": strict JSON validation would refuse it
-
-
 async def test_export_refuses_unimportable() -> None:
     """An exported value whose JSON does not validate as its own model is EXPORT_INVALID."""
     adapter = Adapter(value=Counter(count=7), model=Counter)
     with pytest.raises(StateExportError, match="RUNTIME_STATE_EXPORT_INVALID"):
         await StateHandoffController(adapter).export_state(SRC, TGT)
-
-
-class Checked(BaseModel):
-    """A model that counts how often its JSON is validated (class-wide, reset by each test)."""
-
-    count: int
-    validations: ClassVar[list[int]] = []
-
-    @model_validator(mode="after")
-    def _counted(self) -> Checked:
-        Checked.validations.append(self.count)
-        return self
 
 
 async def test_import_check_runs_once() -> None:

@@ -16,18 +16,20 @@ import hashlib
 import json
 import socket
 from collections.abc import AsyncIterator
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import pytest
 import uvicorn
-from pydantic import BaseModel, field_serializer, model_validator
+from pydantic import BaseModel
 
 from forgezero_lifecycle._errors import StateExportError
+from forgezero_lifecycle.client import ControlClient, drain_request
 from forgezero_lifecycle.core.handoff import StateHandoffController
 from forgezero_lifecycle.runtime import Runtime
 from forgezero_lifecycle.wire import paths
 from forgezero_lifecycle.wire.handoff import StateImportContext
+from tests.core._models import Checked, Counter
 
 pytestmark = pytest.mark.anyio
 
@@ -38,30 +40,10 @@ TARGET = hashlib.sha1(b"the new generation").hexdigest()
 NONCE = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8"
 
 
-class Counted(BaseModel):
-    """Counts, class-wide, how often a value of it is validated (cleared by each test)."""
-
-    count: int
-    validations: ClassVar[list[int]] = []
-
-    @model_validator(mode="after")
-    def _counted(self) -> Counted:
-        Counted.validations.append(self.count)
-        return self
-
-
-class AsText(BaseModel):
-    count: int
-
-    @field_serializer("count")
-    def _as_text(self, count: int) -> str:
-        return str(count)  # serialises as "7": strict JSON validation refuses it
-
-
 @dataclasses.dataclass
 class Adapter:
     value: BaseModel | None = None
-    model: type[BaseModel] = Counted
+    model: type[BaseModel] = Checked
     protocol: str = "test.counted"
     schema_version: int = 1
     maximum_bytes: int = 1_048_576
@@ -97,20 +79,9 @@ async def drained_old_generation(adapter: Adapter) -> AsyncIterator[str]:
             if server.started:
                 break
             await asyncio.sleep(0.01)
-        async with httpx.AsyncClient(base_url=url, trust_env=False) as client:
-            begin = {
-                "protocol": "forgezero-drain/v1",
-                "nonce": "D" * 43,
-                "sourceRevision": SOURCE,
-                "targetRevision": TARGET,
-                "timeoutMs": 30_000,
-            }
-            answer = await client.post(
-                paths.RUNTIME_DRAIN_BEGIN_PATH,
-                json=begin,
-                headers={"authorization": f"Bearer {CONTROL_TOKEN}"},
-            )
-            assert answer.status_code == 202, answer.text
+        async with ControlClient(url, token=CONTROL_TOKEN) as control:
+            drain = drain_request(source_revision=SOURCE, target_revision=TARGET, timeout_ms=30_000)
+            await control.begin_drain(drain)
         yield url
     finally:
         server.should_exit = True
@@ -148,11 +119,11 @@ async def hand_over(url: str, model: type[BaseModel]) -> tuple[Any, Adapter]:
 async def test_value_validated_once_when_the_importer_checks(importer_checks: bool) -> None:
     """With importCheck=importer the value is validated once, by the import; without, the
     export checks it too: twice in all."""
-    old = Adapter(value=Counted(count=7))
+    old = Adapter(value=Checked(count=7))
     async with drained_old_generation(old) as base:
-        Counted.validations.clear()
-        status, new = await hand_over(export_url(base, importer_checks=importer_checks), Counted)
-    validations = list(Counted.validations)
+        Checked.validations.clear()
+        status, new = await hand_over(export_url(base, importer_checks=importer_checks), Checked)
+    validations = list(Checked.validations)
     assert status.status == "acknowledged"
     assert [value.model_dump() for value in new.imported] == [{"count": 7}]
     assert validations == ([7] if importer_checks else [7, 7])
@@ -161,9 +132,9 @@ async def test_value_validated_once_when_the_importer_checks(importer_checks: bo
 async def test_unimportable_value_fails_at_the_import() -> None:
     """A value whose JSON its model refuses is not imported either way: refused by the export
     when it checks, by the new generation when the importer checks (with the model's reason)."""
-    old = Adapter(value=AsText(count=7), model=AsText)
+    old = Adapter(value=Counter(count=7), model=Counter)
     async with drained_old_generation(old) as base:
-        unchecked, new = await hand_over(export_url(base, importer_checks=True), AsText)
+        unchecked, new = await hand_over(export_url(base, importer_checks=True), Counter)
         assert unchecked.status == "failed"
         assert unchecked.failure == "RUNTIME_STATE_ENVELOPE_INVALID"
         assert new.imported == []
@@ -179,7 +150,7 @@ async def test_unimportable_value_fails_at_the_import() -> None:
 
 async def test_other_values_of_the_parameter_check() -> None:
     """Only ``importer`` leaves the check to the import: any other value is checked."""
-    old = Adapter(value=AsText(count=7), model=AsText)
+    old = Adapter(value=Counter(count=7), model=Counter)
     async with drained_old_generation(old) as base:
         url = export_url(base, importer_checks=False) + f"&{paths.IMPORT_CHECK_QUERY}=exporter"
         async with httpx.AsyncClient(trust_env=False) as client:
@@ -191,7 +162,7 @@ async def test_other_values_of_the_parameter_check() -> None:
 async def test_export_document_leaves_the_check_to_the_importer() -> None:
     """``export_document(check_imports=False)`` serves a value its model would refuse; the
     default refuses it (``RUNTIME_STATE_EXPORT_INVALID``)."""
-    controller = StateHandoffController(Adapter(value=AsText(count=7), model=AsText))
+    controller = StateHandoffController(Adapter(value=Counter(count=7), model=Counter))
     document = await controller.export_document(SOURCE, TARGET, check_imports=False)
     assert json.loads(document)["value"] == {"count": "7"}
     with pytest.raises(StateExportError, match="RUNTIME_STATE_EXPORT_INVALID"):
