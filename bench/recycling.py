@@ -1,15 +1,18 @@
-"""Worker recycling under load: ``serve --workers 2 --max-requests 1000`` against the same server
-recycling nothing, next to gunicorn ``--max-requests``, uvicorn ``--limit-max-requests`` and
-granian ``--workers-lifetime``.
+"""Worker recycling under load: ``serve --workers 2 --max-requests 1000``, with and without
+``--preload``, against the same server recycling nothing, next to gunicorn ``--max-requests``,
+uvicorn ``--limit-max-requests`` and granian ``--workers-lifetime``.
 
 One host, one port, no router: the HTTP load of ``bench._load`` (``wrk -t1`` when installed:
 ``CLIENTS`` keep-alive connections, one request outstanding on each, to the demo app's
 ``/fast``) goes to the one port of a server with two worker processes for ``LOAD`` seconds, and
 the server recycles its workers as its own flag says:
 
-* ``forgezero-lifecycle serve --workers 2 --max-requests 1000``: a worker past its limit is
-  replaced one at a time (the new worker accepts before the old one stops accepting, hands its
-  clients over and drains); the baseline is the same command without ``--max-requests``;
+* ``forgezero-lifecycle serve --workers 2 --preload --max-requests 1000``: a worker past its
+  limit is replaced one at a time (the new worker, forked from the generation's preload
+  process, accepts before the old one stops accepting, hands its clients over and drains); the
+  baseline is the same command without ``--max-requests``;
+* the same without ``--preload`` (each new worker starts Python and imports the app), against
+  ``serve --workers 2``;
 * gunicorn ``-w 2 -k uvicorn_worker.UvicornWorker --max-requests 1000``;
 * ``uvicorn --workers 2 --limit-max-requests 1000``;
 * granian ``--workers 2 --workers-lifetime 60`` (its shortest: a lifetime, not a request
@@ -18,9 +21,10 @@ the server recycles its workers as its own flag says:
 The load generator sends no request twice: a request that got no answer (a connection closed
 under it, reset or refused) or an answer other than 2xx (a 503 refusal included) counts as
 *failed* (wrk's socket errors and non-2xx responses). Rounds alternate the order of the
-servers; the recycled workers are counted from the server's child processes. Targets:
-``serve`` recycling keeps at least 0.9 of the requests a second it serves without recycling
-(the per-round ratio, both measured side by side) and loses nothing. The peers promise nothing:
+servers; the recycled workers are counted from ``serve``'s log, and from the peers' child
+processes. Targets: ``serve --preload`` recycling keeps at least 0.9 of the requests a second
+it serves without recycling (the per-round ratio, both measured side by side), and no ``serve``
+run loses anything. The peers promise nothing:
 their rows are comparisons; a peer that is not installed (``pip install -e '.[bench]'``;
 ``make bench`` does) is a row saying so.
 
@@ -67,6 +71,8 @@ LOOK: Final = 0.25
 SERVERS: Final = {
     "serve-none": "serve",
     "serve": "serve",
+    "serve-preload-none": "serve",
+    "serve-preload": "serve",
     "gunicorn": "gunicorn",
     "uvicorn": "uvicorn",
     "granian": "granian",
@@ -74,10 +80,19 @@ SERVERS: Final = {
 _LABELS: Final = {
     "serve-none": "forgezero-lifecycle serve --workers 2, no recycling",
     "serve": f"forgezero-lifecycle serve --workers 2 --max-requests {MAX_REQUESTS}",
+    "serve-preload-none": "forgezero-lifecycle serve --workers 2 --preload, no recycling",
+    "serve-preload": (
+        f"forgezero-lifecycle serve --workers 2 --preload --max-requests {MAX_REQUESTS}"
+    ),
     "gunicorn": f"gunicorn -w 2 (UvicornWorker) --max-requests {MAX_REQUESTS}",
     "uvicorn": f"uvicorn --workers 2 --limit-max-requests {MAX_REQUESTS}",
     "granian": "granian --workers 2 --workers-lifetime 60",
 }
+
+
+#: The row with the target, and each row's baseline where it is not ``serve-none``.
+TARGETED: Final = "serve-preload"
+_BASELINES: Final = {"serve-preload": "serve-preload-none"}
 
 
 @dataclass
@@ -95,10 +110,12 @@ class Run:
 def _command(kind: str, port: int) -> list[str]:
     where = ["--host", "127.0.0.1", "--port", str(port)]
     if kind.startswith("serve"):
-        recycling = ["--max-requests", str(MAX_REQUESTS)] if kind == "serve" else []
+        recycling = [] if kind.endswith("-none") else ["--max-requests", str(MAX_REQUESTS)]
+        preload = ["--preload"] if kind.startswith("serve-preload") else []
         return [
             sys.executable, "-m", "forgezero_lifecycle", "serve", APP, "--workers", "2", *where,
             "--drain-timeout", "5s", "--log-level", "info", "--no-access-log", *recycling,
+            *preload,
         ]  # fmt: skip
     if kind == "gunicorn":
         return [
@@ -142,7 +159,12 @@ async def _run(kind: str, workdir: Path, seconds: float) -> Run:
         result = load.result()
         if process.returncode is not None:
             raise RuntimeError(f"{kind} exited {process.returncode}:\n{_tail(log_path)}")
-        return Run(result.requests, result.rps, result.errors, len(seen - workers), result.seconds)
+        recycled = len(seen - workers)
+        if kind.startswith("serve"):
+            # Its own count: a worker forked with --preload is no child of the server's process,
+            # and may live less than one look.
+            recycled = log_path.read_text(errors="replace").count("kind=recycle ")
+        return Run(result.requests, result.rps, result.errors, recycled, result.seconds)
 
 
 async def _rounds(kinds: list[str], rounds: int, quick: bool) -> dict[str, list[Run]]:
@@ -160,7 +182,7 @@ async def _rounds(kinds: list[str], rounds: int, quick: bool) -> dict[str, list[
 
 def _rows(kind: str, runs: list[Run], base: list[Run] | None) -> list[dict[str, Any]]:
     name = f"recycling.{_LABELS[kind]}"
-    ours = kind == "serve"
+    ours = kind == TARGETED
     sent = sum(run.sent for run in runs)
     note = (
         f"{len(runs)} runs of {runs[0].seconds:.0f} s, {sent:,} requests on {CLIENTS} "
@@ -173,7 +195,7 @@ def _rows(kind: str, runs: list[Run], base: list[Run] | None) -> list[dict[str, 
     out = [
         row(
             name,
-            "requests/s (vs serve, no recycling, side by side)",
+            f"requests/s (vs {_BASELINES.get(kind, 'serve-none').replace('-', ' ')}, side by side)",
             "req/s",
             rates,
             baseline=None if base is None else statistics.median(r.per_second for r in base),
@@ -209,7 +231,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
             rows.append(not_run(f"recycling.{_LABELS[kind]}", reason, COMMAND))
     results = asyncio.run(_rounds(kinds, 1 if quick else 2, quick))
     for kind in kinds:
-        base = results["serve-none"] if kind != "serve-none" else None
+        base = None if kind.endswith("-none") else results[_BASELINES.get(kind, "serve-none")]
         rows += _rows(kind, results[kind], base)
     return rows
 

@@ -51,13 +51,19 @@ from forgezero_lifecycle.wire.handoff import StateImportContext
 from ._constants import STATE_MAXIMUM_BYTES, STATE_PROTOCOL
 
 GENERATION = os.environ.get("FZREL_GENERATION", "g0")
-_RECORDS = os.open(
-    os.environ.get("FZREL_RECORDS", os.devnull), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
-)
+#: The records file of each process, opened at its first record: ``{pid}`` in the path becomes
+#: the process's PID (a worker forked by ``serve --preload`` has its own, though the module was
+#: imported once, before the fork).
+_RECORDS: dict[int, int] = {}
 
 
 def record(*fields: object) -> None:
-    os.write(_RECORDS, (" ".join(map(str, (*fields, time.monotonic()))) + "\n").encode())
+    pid = os.getpid()
+    fd = _RECORDS.get(pid)
+    if fd is None:
+        path = os.environ.get("FZREL_RECORDS", os.devnull).replace("{pid}", str(pid))
+        fd = _RECORDS[pid] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, (" ".join(map(str, (*fields, time.monotonic()))) + "\n").encode())
 
 
 class Served(BaseModel):

@@ -46,15 +46,21 @@ if MODE == "crash":
 while MODE == "hang-import":
     time.sleep(3600)  # until the supervisor kills it
 
-_RECORDS = os.open(
-    os.path.join(os.environ.get("FZW_RECORDS", "/tmp"), f"{os.getpid()}.log"),
-    os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-    0o644,
-)
+#: The records file of this process, by PID: a worker forked by ``serve --preload`` (which
+#: imported this module once, in the preload process) opens its own at its first record.
+_RECORDS: dict[int, int] = {}
 
 
 def record(*fields: object) -> None:
-    os.write(_RECORDS, (" ".join(map(str, (*fields, time.monotonic()))) + "\n").encode())
+    pid = os.getpid()
+    fd = _RECORDS.get(pid)
+    if fd is None:
+        fd = _RECORDS[pid] = os.open(
+            os.path.join(os.environ.get("FZW_RECORDS", "/tmp"), f"{pid}.log"),
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+            0o644,
+        )
+    os.write(fd, (" ".join(map(str, (*fields, time.monotonic()))) + "\n").encode())
 
 
 def _exempt(scope: Scope) -> bool:

@@ -3,9 +3,11 @@
 ``serve --workers`` a supervisor process and every worker it starts.
 
 The supervisor is started by the test; its workers are found through ``/proc`` (children of the
-supervisor's PID running ``forgezero_lifecycle.serve.worker``). The finalizer stops the
-supervisor by PID (SIGTERM, then SIGKILL after a bound), then checks every worker PID ever seen:
-one still running after the bound is killed and fails the test — no worker survives a test.
+supervisor's PID running ``forgezero_lifecycle.serve.worker``, and with ``--preload`` the
+children of its preload processes, which run ``forgezero_lifecycle.serve.preload``). The
+finalizer stops the supervisor by PID (SIGTERM, then SIGKILL after a bound), then checks every
+worker and preload PID ever seen: one still running after the bound is killed and fails the
+test — no process of the supervisor's survives a test.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ __all__ = ["sqlite_jobs", "start_serve", "start_supervised"]
 
 BOUND: Final = 30.0
 WORKER_MODULE: Final = "forgezero_lifecycle.serve.worker"
+#: The command line of a preload process, and of every worker forked from it.
+PRELOAD_MODULE: Final = "forgezero_lifecycle.serve.preload"
 AUTH: Final = {"Authorization": f"Bearer {CONTROL_TOKEN}"}
 
 
@@ -43,12 +47,17 @@ def _stat(pid: int) -> list[str] | None:
     return text[text.rindex(")") + 2 :].split()
 
 
-def _is_worker(pid: int) -> bool:
+def _runs(pid: int, module: str) -> bool:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return WORKER_MODULE.encode() in cmdline
+    return module.encode() in cmdline
+
+
+def _is_ours(pid: int) -> bool:
+    """A worker, spawned or forked, or a preload process."""
+    return _runs(pid, WORKER_MODULE) or _runs(pid, PRELOAD_MODULE)
 
 
 def alive(pid: int) -> bool:
@@ -57,15 +66,27 @@ def alive(pid: int) -> bool:
     return fields is not None and fields[0] != "Z"
 
 
-def children(parent: int) -> list[int]:
-    """Live worker processes whose parent is ``parent``."""
+def _live_children(parent: int) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             fields = _stat(int(entry))
-            if fields and fields[0] != "Z" and int(fields[1]) == parent and _is_worker(int(entry)):
+            if fields and fields[0] != "Z" and int(fields[1]) == parent:
                 found.append(int(entry))
-    return sorted(found)
+    return found
+
+
+def preloads(parent: int) -> list[int]:
+    """Live preload processes (``--preload``) whose parent is ``parent``."""
+    return sorted(pid for pid in _live_children(parent) if _runs(pid, PRELOAD_MODULE))
+
+
+def children(parent: int) -> list[int]:
+    """Live worker processes of the supervisor ``parent``: spawned by it, or forked by one of
+    its preload processes."""
+    spawned = [pid for pid in _live_children(parent) if _runs(pid, WORKER_MODULE)]
+    forked = [pid for preload in preloads(parent) for pid in _live_children(preload)]
+    return sorted(spawned + forked)
 
 
 @dataclass
@@ -83,7 +104,7 @@ class Supervised:
 
     def workers(self) -> list[int]:
         found = children(self.process.pid)
-        self.seen.update(found)
+        self.seen.update(found, preloads(self.process.pid))
         return found
 
     def wait_for(self, done: Callable[[], Any], what: str, bound: float = BOUND) -> Any:
@@ -153,11 +174,11 @@ def _stop(served: Supervised) -> list[int]:
             served.process.kill()
             served.process.wait(timeout=BOUND)
     deadline = time.monotonic() + 10.0
-    while any(alive(pid) and _is_worker(pid) for pid in served.seen):
+    while any(alive(pid) and _is_ours(pid) for pid in served.seen):
         if time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    survivors = [pid for pid in served.seen if alive(pid) and _is_worker(pid)]
+    survivors = [pid for pid in served.seen if alive(pid) and _is_ours(pid)]
     for pid in survivors:
         os.kill(pid, signal.SIGKILL)
     return survivors

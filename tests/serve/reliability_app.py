@@ -1,8 +1,9 @@
 """The reliability app (``tests/reliability/app.py``) as a supervised generation's worker.
 
 Every worker writes its own records: ``FZREL_RECORDS`` is a template whose ``{pid}`` becomes the
-worker's PID. ``FZW_MODE_FILE`` is read at import, so each generation reads it anew: ``crash``
-raises on import, ``hang`` never finishes the lifespan startup (never ready).
+worker's PID (``tests/reliability/app.py`` fills it in at each process's first record).
+``FZW_MODE_FILE`` is read at import, so each generation reads it anew: ``crash`` raises on
+import, ``hang`` never finishes the lifespan startup (never ready).
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 
-os.environ["FZREL_RECORDS"] = os.environ["FZREL_RECORDS"].replace("{pid}", str(os.getpid()))
 _MODE_FILE = Path(os.environ.get("FZW_MODE_FILE", "/nonexistent"))
 MODE = _MODE_FILE.read_text().strip() if _MODE_FILE.exists() else "ok"
 if MODE == "crash":
     raise RuntimeError("this generation crashes on import (FZW_MODE_FILE says so)")
 
-from tests.reliability.app import app  # noqa: E402 - after the environment is set
+from tests.reliability.app import app  # noqa: E402 - a crashing generation never builds it
 
 if MODE == "hang":
 

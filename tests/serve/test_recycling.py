@@ -103,21 +103,28 @@ def _answering(per_pid: dict[int, ServerRecords]) -> set[int]:
 
 @pytest.mark.load
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("preload", [(), ("--preload",)], ids=["spawned", "preload"])
 async def test_recycling_under_load_loses_nothing(
-    start_supervised: StartSupervised, tmp_path: Path
+    start_supervised: StartSupervised, tmp_path: Path, preload: tuple[str, ...]
 ) -> None:
     """``--workers 2 --max-requests 400 --max-requests-jitter 100`` under 50 pinned keep-alive
     clients, no SIGHUP, until six workers have served (four recycles): workers are recycled one
-    at a time, 0 lost, 0 refused."""
+    at a time, 0 lost, 0 refused; with ``--preload`` too (each replacement forked)."""
     served = _start(
-        start_supervised, tmp_path, "--max-requests", "400", "--max-requests-jitter", "100"
+        start_supervised,
+        tmp_path,
+        "--max-requests",
+        "400",
+        "--max-requests-jitter",
+        "100",
+        *preload,
     )
     counts = await _recycle_under_load(
         served, tmp_path, seed=41, clients=PINNED_CLIENTS, recycles=4, served_by=6
     )
     assert counts["pids_answering"] >= 6, counts
     assert counts["refused"] == 0, counts
-    report("supervisor-recycling", workers=2, **counts)
+    report("supervisor-recycling" + "-preload" * bool(preload), workers=2, **counts)
 
 
 @pytest.mark.load
@@ -171,13 +178,15 @@ class Pinned:
 
 @pytest.mark.load
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("preload", [(), ("--preload",)], ids=["spawned", "preload"])
 async def test_frozen_worker_is_replaced_then_killed(
-    start_supervised: StartSupervised, tmp_path: Path
+    start_supervised: StartSupervised, tmp_path: Path, preload: tuple[str, ...]
 ) -> None:
     """A worker stopped with SIGSTOP under ``--worker-timeout 2s``: a new worker answers, the
     frozen one is killed (logged with what it held, named in the status), and most requests
-    succeed meanwhile."""
-    served = start_supervised("--worker-timeout", "2s", workers=2)
+    succeed meanwhile; with ``--preload`` too (killed through its pidfd, its exit reported by
+    the preload process)."""
+    served = start_supervised("--worker-timeout", "2s", *preload, workers=2)
     before = served.workers()
     frozen = before[0]
     clients = Pinned(served.url, 30)
@@ -198,6 +207,9 @@ async def test_frozen_worker_is_replaced_then_killed(
     await anyio.to_thread.run_sync(
         lambda: served.wait_for(lambda: not alive(frozen), "the frozen worker gone")
     )
+    # Its exit status, read by its parent (the supervisor, or the preload process it was
+    # forked from).
+    await _wait_log(served, f"(pid {frozen}) of generation 1 reason=killed by SIGKILL", 30)
     after = served.workers()
     assert frozen not in after
     assert len(after) == 2
@@ -216,7 +228,7 @@ async def test_frozen_worker_is_replaced_then_killed(
     served.signal(signal.SIGTERM)
     assert await anyio.to_thread.run_sync(served.wait_exit) == 0
     report(
-        "supervisor-watchdog",
+        "supervisor-watchdog" + "-preload" * bool(preload),
         replaced_seconds=round(replaced_in, 2),
         ok=clients.ok,
         failed=clients.failed,

@@ -167,6 +167,27 @@ def version() -> str:
 def missing(server: uvicorn.Server | None = None) -> list[str]:
     """The internals this uvicorn lacks (empty when all can be used); ``server``, a server of
     it, is looked at too where given."""
+    lacking = list(_classes_missing() if _PRELOADED is None else _PRELOADED)
+    if server is not None:
+        lacking += [
+            f"Server.{name}"
+            for name in _SERVER_ATTRIBUTES
+            if not hasattr(server, name) and f"Server.{name}" not in lacking
+        ]
+        state = getattr(server, "server_state", None)
+        lacking += [
+            f"ServerState.{name}" for name in ("connections", "tasks") if not hasattr(state, name)
+        ]
+    return lacking
+
+
+#: What :func:`missing` found in uvicorn's classes, in the process ``serve --preload`` forks
+#: workers from (:func:`preimport`): a forked worker has the same classes.
+_PRELOADED: tuple[str, ...] | None = None
+
+
+def _classes_missing() -> tuple[str, ...]:
+    """What :func:`missing` finds in uvicorn's classes and modules."""
     import uvicorn
 
     cls = uvicorn.Server
@@ -179,16 +200,6 @@ def missing(server: uvicorn.Server | None = None) -> list[str]:
     lacking += [f"Server.{name}" for name in _SERVER_ATTRIBUTES if name not in init]
     used = code_names(getattr(getattr(cls, "startup", None), "__code__", None))
     lacking += [f"Server.startup using {name}" for name in _STARTUP_NAMES if name not in used]
-    if server is not None:
-        lacking += [
-            f"Server.{name}"
-            for name in _SERVER_ATTRIBUTES
-            if not hasattr(server, name) and f"Server.{name}" not in lacking
-        ]
-        state = getattr(server, "server_state", None)
-        lacking += [
-            f"ServerState.{name}" for name in ("connections", "tasks") if not hasattr(state, name)
-        ]
     config = uvicorn.Config
     lacking += [
         f"Config.{name}" for name in _CONFIG_METHODS if not callable(getattr(config, name, None))
@@ -223,7 +234,29 @@ def missing(server: uvicorn.Server | None = None) -> list[str]:
     else:
         if not isinstance(LOGGING_CONFIG, dict):
             lacking.append("uvicorn.config.LOGGING_CONFIG")
-    return lacking
+    return tuple(lacking)
+
+
+def preimport(http: str, ws: str, lifespan: str) -> None:
+    """Import what a server with these protocols imports as it starts (``Config.load``), and
+    look at uvicorn's classes (:func:`missing`): done once in the process ``serve --preload``
+    forks its workers from, so that no worker pays for it again. uvicorn's tables of protocol
+    names (``uvicorn.config.HTTP_PROTOCOLS``, ``WS_PROTOCOLS``, ``LIFESPAN``) are read where
+    present; without them each worker imports its own, as a spawned one does."""
+    global _PRELOADED
+    _PRELOADED = _classes_missing()
+    try:
+        from uvicorn.config import HTTP_PROTOCOLS, LIFESPAN, WS_PROTOCOLS
+        from uvicorn.importer import import_from_string
+    except ImportError:
+        return
+    for table, name in ((HTTP_PROTOCOLS, http), (WS_PROTOCOLS, ws), (LIFESPAN, lifespan)):
+        target = table.get(name, name)
+        if isinstance(target, str):
+            try:
+                import_from_string(target)
+            except Exception:  # the worker's own import says what is wrong
+                return
 
 
 def _protocol_missing(module_name: str, class_name: str) -> list[str]:

@@ -31,8 +31,10 @@ of each connection and of a listener, from :mod:`forgezero_lifecycle.stop`); for
 no I/O), ``supervisor`` (the I/O that carries them out: signals, generations, timers, the
 record of each handover, the state transfer, the answers to forwarded control calls),
 ``workers`` (the supervisor's handle on each worker process, and one generation's workers and
-drain), ``channel`` (their private channel and the messages it carries) and ``worker`` (the
-worker process: its commands, its end of the forwarded control paths, its recycling limits).
+drain), ``channel`` (their private channel and the messages it carries), ``worker`` (the
+worker process: its commands, its end of the forwarded control paths, its recycling limits)
+and ``preload`` and ``forking`` (``--preload``: the process a generation's workers are forked
+from, and the supervisor's side of it).
 A SIGHUP runs through ten modules from the signal to the old generation's exit: ``machine``,
 ``supervisor``, ``workers``, ``channel``, ``options``, ``worker`` and ``server`` here,
 ``server`` and ``sockets`` of :mod:`forgezero_lifecycle.stop`, and

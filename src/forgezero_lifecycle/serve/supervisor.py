@@ -348,7 +348,9 @@ class Supervisor:
             for signum in handled:
                 loop.remove_signal_handler(signum)
             await self._stop_leftovers()
-            for generation in self._generations.values():
+            generations = list(self._generations.values())
+            await asyncio.gather(*(generation.aclose_preload() for generation in generations))
+            for generation in generations:
                 generation.close()
         if self._failure is not None:
             raise self._failure
@@ -626,6 +628,7 @@ class Supervisor:
                 forgotten = self._generations.pop(number, None)
                 if forgotten is not None:
                     forgotten.close()
+                    self._spawn(forgotten.aclose_preload())
             case m.HandoverBegun(number=handover, from_generation=old, to_generation=new):
                 self._began_handover = time.monotonic()
                 record = self.handovers.begin(old)

@@ -1,8 +1,10 @@
 """One worker process of a supervised generation (``serve --workers N``).
 
 Started by the supervisor as ``python -m forgezero_lifecycle.serve.worker`` with the listening
-sockets and one end of its private channel passed as file descriptors. It reads its configuration
-from the channel, imports the app (fresh code on every start), and serves it on the inherited
+sockets and one end of its private channel passed as file descriptors (or, with ``--preload``,
+forked from its generation's preload process with the app imported already: :mod:`.preload`,
+which calls :func:`start`). It reads its configuration from the channel, imports the app
+(fresh code on every start), and serves it on the inherited
 sockets with :func:`~forgezero_lifecycle.serve.server.serve_app` (``shared_listener=True``: its
 stop never touches the kernel socket the supervisor holds).
 
@@ -77,7 +79,7 @@ import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final, final
+from typing import Any, Final, Literal, final
 
 import orjson
 import uvicorn
@@ -106,6 +108,8 @@ __all__ = [
     "RequestCounter",
     "main",
     "resident_mib",
+    "set_parent_death_signal",
+    "start",
 ]
 
 
@@ -119,7 +123,7 @@ _COMMANDED: Final = {signal.SIGINT, signal.SIGTERM}
 _STARTUP_LOOK: Final = 0.02
 
 
-def _set_parent_death_signal(signum: int) -> None:
+def set_parent_death_signal(signum: int) -> None:
     """Ask Linux to send ``signum`` when the parent dies; a no-op elsewhere."""
     if not sys.platform.startswith("linux"):
         return
@@ -585,10 +589,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tally-fd", type=int, default=None)
     args = parser.parse_args(argv)
     signal.pthread_sigmask(signal.SIG_BLOCK, _COMMANDED)
-    _set_parent_death_signal(PARENT_DEATH_SIGNAL)
+    set_parent_death_signal(PARENT_DEATH_SIGNAL)
     if os.getppid() != args.supervisor_pid:
         return 1  # the supervisor died before the parent-death signal was armed
-    channel_sock = socket.socket(fileno=args.channel_fd)
+    return start(args.channel_fd, args.listen_fd, args.tally_fd, parent=args.supervisor_pid)
+
+
+def start(
+    channel_fd: int,
+    listen_fds: Sequence[int],
+    tally_fd: int | None,
+    *,
+    parent: int,
+    preloaded: tuple[ASGIApp, Runtime, Literal["app", "serve"]] | None = None,
+) -> int:
+    """Serve as worker on the descriptors given until stopped; returns the exit code.
+    ``parent``: the process whose end means the supervisor's (the supervisor, or the preload
+    process a worker was forked from); ``preloaded``: what ``load_app`` gave the preload
+    process (:mod:`.preload`), or None to import the app here."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _COMMANDED)
+    channel_sock = socket.socket(fileno=channel_fd)
     try:
         config = read_frame_blocking(channel_sock)
     except (ChannelClosedError, OSError):
@@ -596,21 +616,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = options_from_wire(config["options"])
     label = f"worker={config['index']} generation={config['generation']}"
     options = dataclasses.replace(options, log_label=label)
-    for fd in (args.channel_fd, *args.listen_fd):
+    for fd in (channel_fd, *listen_fds):
         os.set_inheritable(fd, False)  # passed to this process, never to those the app starts
-    listeners = [socket.socket(fileno=fd) for fd in args.listen_fd]
+    listeners = [socket.socket(fileno=fd) for fd in listen_fds]
     # A slot in the generation's tally for each place up to its size (a worker in a place past
     # them, while several are replaced at once, accepts without one).
     slots = int(config.get("tallySlots") or options.workers or 1)
     index = int(config["index"])
     tally = (
         None
-        if args.tally_fd is None
-        else Tally.attach(args.tally_fd, slots, index if index < slots else None)
+        if tally_fd is None
+        else Tally.attach(tally_fd, slots, index if index < slots else None)
     )
     with asyncio.Runner(loop_factory=loop_factory(options.uvicorn.loop)) as runner:
         return runner.run(
-            _serve(config, options, listeners, channel_sock, args.supervisor_pid, tally)
+            _serve(config, options, listeners, channel_sock, parent, tally, preloaded)
         )
 
 
@@ -621,6 +641,7 @@ async def _serve(
     channel_sock: socket.socket,
     supervisor_pid: int,
     tally: Tally | None,
+    preloaded: tuple[ASGIApp, Runtime, Literal["app", "serve"]] | None = None,
 ) -> int:
     index, generation = int(config["index"]), int(config["generation"])
     agent_box: list[WorkerAgent] = []
@@ -648,7 +669,7 @@ async def _serve(
     channel = await Channel.open(channel_sock, handle)
     channel.notify(StateReport("booting", pid=os.getpid()).wire())
     try:
-        app, runtime, source = load_app(config["app"], options)
+        app, runtime, source = load_app(config["app"], options) if preloaded is None else preloaded
     except LifecycleError as error:
         channel.notify(StateReport("failed", pid=os.getpid(), detail=str(error)).wire())
         logger.error("worker.start_failed worker=%d: %s", index, error)

@@ -65,6 +65,7 @@ from .channel import (
     StateReport,
     decode_worker_message,
 )
+from .forking import ForkedProcess, PreloadProcess
 from .options import ServeOptions
 
 __all__ = [
@@ -142,7 +143,7 @@ class WorkerHandle:
         #: It leaves its generation alone (recycled, scaled down): it drains on its own bound,
         #: apart from the generation's drain.
         self.retiring = False
-        self.process: asyncio.subprocess.Process | None = None
+        self.process: asyncio.subprocess.Process | ForkedProcess | None = None
         self.channel: Channel | None = None
         self._report: DrainReport = "booting"
         self.in_flight: dict[str, int] = dict.fromkeys(COUNTER_KINDS, 0)
@@ -224,20 +225,33 @@ class WorkerHandle:
     # The process.
 
     async def spawn(
-        self, listeners: Sequence[socket.socket], config: dict[str, Any], tally: int
+        self,
+        listeners: Sequence[socket.socket],
+        config: dict[str, Any],
+        tally: int,
+        preload: PreloadProcess | None = None,
     ) -> None:
-        """Start the process; ``tally`` is the descriptor of its generation's tally."""
+        """Start the process; ``tally`` is the descriptor of its generation's tally. With
+        ``preload`` it is forked from that process (:mod:`.preload`), else spawned."""
         ours, theirs = socket.socketpair()
-        fds = [sock.fileno() for sock in listeners]
-        command = [
-            sys.executable, "-m", "forgezero_lifecycle.serve.worker",
-            "--channel-fd", str(theirs.fileno()), "--supervisor-pid", str(os.getpid()),
-            *(f"--listen-fd={fd}" for fd in fds), "--tally-fd", str(tally),
-        ]  # fmt: skip
         try:
-            self.process = await asyncio.create_subprocess_exec(
-                *command, pass_fds=(theirs.fileno(), *fds, tally), stdin=asyncio.subprocess.DEVNULL
-            )
+            if preload is not None:
+                self.process = await preload.fork(theirs)
+            else:
+                fds = [sock.fileno() for sock in listeners]
+                command = [
+                    sys.executable, "-m", "forgezero_lifecycle.serve.worker",
+                    "--channel-fd", str(theirs.fileno()), "--supervisor-pid", str(os.getpid()),
+                    *(f"--listen-fd={fd}" for fd in fds), "--tally-fd", str(tally),
+                ]  # fmt: skip
+                self.process = await asyncio.create_subprocess_exec(
+                    *command,
+                    pass_fds=(theirs.fileno(), *fds, tally),
+                    stdin=asyncio.subprocess.DEVNULL,
+                )
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
         self.channel = await Channel.open(ours, self._handle, self._handler_failed)
@@ -258,7 +272,11 @@ class WorkerHandle:
         assert self.channel is not None
         code = await self.process.wait()
         self.exit_code = code
-        self.exit_reason = exit_reason(code)
+        self.exit_reason = (
+            "exited, its status unknown (its preload process was gone)"
+            if code is None
+            else exit_reason(code)
+        )
         self.exited.set()
         await self.channel.aclose()
         self._on_exit(self)
@@ -420,6 +438,9 @@ class Generation:
         # for each place a worker may take, with room for those replaced or added meanwhile.
         self._tally_slots = 2 * options.workers + 2
         self.tally, self._tally_file = Tally.create(self._tally_slots)
+        #: ``--preload``: the process its workers are forked from, started with the first
+        #: (None once it could not start or is gone: workers are spawned).
+        self._preload: asyncio.Task[PreloadProcess | None] | None = None
 
     def __repr__(self) -> str:
         return f"generation {self.number}"
@@ -485,8 +506,39 @@ class Generation:
                 self._lost.append(self.workers[index])
             self.workers[index] = self._handle(index)
         worker = self.workers[index]
-        await worker.spawn(self._listeners, self._config(worker), self._tally_file.fileno())
+        preload = await self._preloaded()
+        await worker.spawn(
+            self._listeners, self._config(worker), self._tally_file.fileno(), preload
+        )
         return worker
+
+    async def _preloaded(self) -> PreloadProcess | None:
+        """With ``--preload``, the generation's preload process once it imported the app
+        (started by the first worker's start; None when it could not, or is gone)."""
+        if not self._options.preload:
+            return None
+        if self._preload is None:
+            config = {"app": self._app, "options": dataclasses.asdict(self._options)}
+            self._preload = asyncio.ensure_future(
+                PreloadProcess.start(
+                    self.number, config, self._listeners, self._tally_file.fileno()
+                )
+            )
+        preload = await asyncio.shield(self._preload)
+        return preload if preload is not None and preload.serving else None
+
+    async def aclose_preload(self) -> None:
+        """Let the preload process go (its workers are gone) and wait until it exited."""
+        task, self._preload = self._preload, None
+        if task is None:
+            return
+        task.cancel()  # still importing: it is killed (a no-op once it is done)
+        await asyncio.wait([task])
+        if task.cancelled() or task.exception() is not None:
+            return
+        preload = task.result()
+        if preload is not None:
+            await preload.aclose()
 
     def close(self) -> None:
         """Release what the generation holds (once forgotten: its workers are gone), and every
