@@ -93,6 +93,10 @@ _LABELS: Final = {
 #: The row with the target, and each row's baseline where it is not ``serve-none``.
 TARGETED: Final = "serve-preload"
 _BASELINES: Final = {"serve-preload": "serve-preload-none"}
+_BASELINE_LABELS: Final = {
+    "serve-none": "serve, no recycling",
+    "serve-preload-none": "serve --preload, no recycling",
+}
 
 
 @dataclass
@@ -195,7 +199,7 @@ def _rows(kind: str, runs: list[Run], base: list[Run] | None) -> list[dict[str, 
     out = [
         row(
             name,
-            f"requests/s (vs {_BASELINES.get(kind, 'serve-none').replace('-', ' ')}, side by side)",
+            f"requests/s (vs {_BASELINE_LABELS[_BASELINES.get(kind, 'serve-none')]}, side by side)",
             "req/s",
             rates,
             baseline=None if base is None else statistics.median(r.per_second for r in base),
