@@ -46,45 +46,39 @@ def available() -> str | None:
 @final
 class ForkedProcess:
     """A worker forked by a preload process, as the supervisor handles it: what the supervisor
-    uses of :class:`asyncio.subprocess.Process` (``pid``, ``returncode``, ``wait``,
-    ``send_signal``)."""
+    uses of :class:`asyncio.subprocess.Process` (``pid``, ``wait``, ``send_signal``), and
+    :attr:`running` in place of ``returncode is None`` (its status may never be known)."""
 
     def __init__(self, pid: int, pidfd: int) -> None:
         self.pid = pid
         self._pidfd = pidfd
         #: The exit status (negative: the signal that killed it); None while it runs, and after
-        #: it exited if its status is unknown (:attr:`status_unknown`).
+        #: it exited if its status is unknown (its preload process was gone).
         self.returncode: int | None = None
-        #: It exited after its preload process was gone: nobody could read its status.
-        self.status_unknown = False
-        self._exited = asyncio.get_running_loop().create_future()
+        self._exited: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
 
     @property
-    def done(self) -> bool:
-        return self._exited.done()
+    def running(self) -> bool:
+        return not self._exited.done()
 
     async def wait(self) -> int | None:
         return await asyncio.shield(self._exited)
 
     def send_signal(self, signum: int) -> None:
-        if not self.done:
+        if self.running:
             signal.pidfd_send_signal(self._pidfd, signum)
 
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
     def exited(self, code: int | None) -> None:
-        if self.done:
+        if not self.running:
             return
         self.returncode = code
-        self.status_unknown = code is None
         self._exited.set_result(code)
         with contextlib.suppress(OSError):
             os.close(self._pidfd)
 
     def orphaned(self) -> None:
         """Its preload process is gone: its end is seen on its pidfd (its status unknown)."""
-        if self.done:
+        if not self.running:
             return
         loop = asyncio.get_running_loop()
 
@@ -207,8 +201,10 @@ class PreloadProcess:
                 return
             self._take(orjson.loads(data), fds)
 
-    def _take(self, message: dict[str, Any], fds: list[int]) -> None:
-        if "loaded" in message or "failed" in message:
+    def _take(self, message: object, fds: list[int]) -> None:
+        if not isinstance(message, dict):
+            pass  # not from the preload process this module starts: ignored
+        elif "loaded" in message or "failed" in message:
             if not self._loaded.done():
                 self._loaded.set_result(message.get("failed"))
         elif "fork" in message:
@@ -228,7 +224,8 @@ class PreloadProcess:
         for fd in fds:  # a descriptor no message above kept
             os.close(fd)
 
-    def _gone(self, why: str) -> None:
+    def _gone(self, why: str, *, lost: bool = True) -> None:
+        """Its channel is over (``lost``: not by :meth:`close`); what waited on it is told."""
         if not self._open:
             return
         self._open = False
@@ -236,7 +233,7 @@ class PreloadProcess:
         self._sock.close()
         if not self._loaded.done():
             self._loaded.set_result(why)
-        elif self._children or self._forks:
+        elif lost and (self._children or self._forks):
             logger.warning("supervisor.preload_lost pid=%d: %s", self.pid, why)
         for waiting in self._forks.values():
             if not waiting.done():
@@ -247,7 +244,7 @@ class PreloadProcess:
 
     def close(self) -> None:
         """Tell it to exit (end of file on its channel): its generation is over."""
-        self._gone("closed by the supervisor")
+        self._gone("closed by the supervisor", lost=False)
 
     async def aclose(self) -> None:
         """Tell it to exit and wait until it did (killed after :data:`CLOSE_BOUND`)."""

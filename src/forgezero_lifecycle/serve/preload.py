@@ -145,7 +145,10 @@ def _fork_on_request(
                 wake_read.recv(4096)
                 _report_reaped(sock)
                 continue
-            data, fds, _, _ = socket.recv_fds(sock, MAX_PACKET, 1)
+            try:
+                data, fds, _, _ = socket.recv_fds(sock, MAX_PACKET, 1)
+            except OSError:
+                return 0  # the supervisor is gone
             if not data:
                 return 0  # the generation is over
             message = orjson.loads(data)

@@ -363,7 +363,7 @@ class Supervisor:
             worker
             for generation in self._generations.values()
             for worker in generation.workers
-            if worker.process is not None and worker.process.returncode is None
+            if worker.running
         ]
         processes = [worker.process for worker in running if worker.process is not None]
         for worker in running:
@@ -373,7 +373,7 @@ class Supervisor:
                 await asyncio.gather(*(worker.command("stop", force=True) for worker in running))
                 await asyncio.gather(*(process.wait() for process in processes))
         for worker in running:
-            if worker.process is not None and worker.process.returncode is None:
+            if worker.running:
                 logger.error("supervisor.worker_killed %s: not stopped in time", worker.name)
                 worker.signal(signal.SIGKILL)
         await asyncio.gather(*(process.wait() for process in processes))

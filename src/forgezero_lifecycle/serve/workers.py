@@ -356,8 +356,16 @@ class WorkerHandle:
                 writer.close()
         return status.startswith(b"HTTP/")
 
+    @property
+    def running(self) -> bool:
+        """Its process was started and has not exited, as far as the supervisor knows."""
+        process = self.process
+        if isinstance(process, ForkedProcess):
+            return process.running
+        return process is not None and process.returncode is None
+
     def signal(self, signum: int) -> None:
-        if self.process is not None and self.process.returncode is None:
+        if self.process is not None and self.running:
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signum)
 
