@@ -47,7 +47,10 @@ the gunicorn worker class use:
 * ``uvicorn.importer.import_from_string`` (``serve APP``) and ``uvicorn.config.LOGGING_CONFIG``
   (``serve``'s log format): :func:`import_from_string`, :func:`logging_config`;
   ``uvicorn.config.create_ssl_context``, which ``serve`` calls once at its start to check the
-  ``--ssl-*`` flags before any worker builds its own (:func:`create_ssl_context`).
+  ``--ssl-*`` flags before any worker builds its own (:func:`create_ssl_context`);
+* ``uvicorn.config.HTTP_PROTOCOLS``, ``WS_PROTOCOLS`` and ``LIFESPAN``, the tables ``Config.load``
+  imports its protocol classes by: ``serve --preload`` imports them once, before it forks the
+  workers (:func:`preimport`; without them each worker imports its own).
 
 :func:`missing` checks them against the installed uvicorn; ``serve`` refuses to start without
 them (:func:`check`), the signal hook and the gunicorn worker class log why they leave
