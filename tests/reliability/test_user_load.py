@@ -76,6 +76,11 @@ SLACK: Final = 5.0
 #: its graceful timeout applies (pgjones/hypercorn#308, open). Such a run is an expected failure
 #: of the row's stop bound, once everything before the stop has been checked.
 HYPERCORN_STOP_MAY_HANG: Final = sys.version_info >= (3, 12, 1)
+#: What hypercorn 0.18 logs when a DATA frame arrives for an HTTP/2 stream it has closed already
+#: (a POST whose response went out before its body was in, near the stop): its connection task
+#: raises KeyError, and the error ends hypercorn's own run with exit code 1
+#: (pgjones/hypercorn#329, fixes open). Seen about once in a dozen CI runs of the matrix.
+H2_CLOSED_STREAM_CRASH: Final = ("await self.streams[event.stream_id].handle(", "KeyError")
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row.name)
@@ -105,6 +110,9 @@ async def test_user_load(row: Row, tmp_path: Path) -> None:
     # upstream bug HYPERCORN_STOP_MAY_HANG describes) is an expected failure of it, nothing else.
     if result["stop_hung"]:
         pytest.xfail(f"hypercorn's stop hung (pgjones/hypercorn#308): {result}")
+    # And an exit code hypercorn's own crash set (H2_CLOSED_STREAM_CRASH), nothing else.
+    if result["exit_code"] not in row.exit_codes and result["h2_closed_stream_crash"]:
+        pytest.xfail(f"hypercorn's HTTP/2 connection crashed (pgjones/hypercorn#329): {result}")
     assert result["exit_code"] in row.exit_codes, result
     assert result["stop_seconds"] <= DEADLINE + row.stop_past_deadline + SLACK, result
 
@@ -183,6 +191,7 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
         await load.aclose()
     per_pid = ServerRecords.per_pid(records)
     everything = load.records
+    log = log_path.read_text()
     verdict = judge_stop(everything, _merged(per_pid))
     refusals = ("refused", "connect-refused")
     return {
@@ -221,7 +230,8 @@ async def _run(row: Row, tmp_path: Path) -> dict[str, object]:
         ][:10],
         "exit_code": exit_code,
         "stop_hung": hung,
-        "log": log_path.read_text()[-3000:],
+        "h2_closed_stream_crash": row.http2 and all(text in log for text in H2_CLOSED_STREAM_CRASH),
+        "log": log[-3000:],
     }
 
 

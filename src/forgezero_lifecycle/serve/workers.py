@@ -424,6 +424,9 @@ class Generation:
         self.revision = options.revision
         self._app = app
         self._options = options
+        #: The options as every worker of the generation reads them (built once: a recycle
+        #: starts a worker several times a second).
+        self._options_wire = dataclasses.asdict(options)
         self._listeners = listeners
         self._on_ready = on_ready
         self._on_exit = on_exit
@@ -485,7 +488,7 @@ class Generation:
     def _config(self, worker: WorkerHandle) -> dict[str, Any]:
         return {
             "app": self._app,
-            "options": dataclasses.asdict(self._options),
+            "options": self._options_wire,
             "index": worker.index,
             "generation": self.number,
             "tallySlots": self._tally_slots,
@@ -526,7 +529,7 @@ class Generation:
         if not self._options.preload:
             return None
         if self._preload is None:
-            config = {"app": self._app, "options": dataclasses.asdict(self._options)}
+            config = {"app": self._app, "options": self._options_wire}
             self._preload = asyncio.ensure_future(
                 PreloadProcess.start(
                     self.number, config, self._listeners, self._tally_file.fileno()
