@@ -358,7 +358,9 @@ class Supervisor:
 
     async def _stop_leftovers(self) -> None:
         """Only after a failure of the supervisor's own code: nothing may outlive it. Every
-        worker still running is told to stop now, and killed :data:`FORCED_STOP_BOUND` later."""
+        worker still running is told to stop now, and killed :data:`FORCED_STOP_BOUND` later;
+        one that has finished its stop by then (its channel closed: it only runs its exit
+        steps, an exporter's or a coverage tool's flush say) is given that long once more."""
         running = [
             worker
             for generation in self._generations.values()
@@ -372,6 +374,14 @@ class Supervisor:
             async with asyncio.timeout(FORCED_STOP_BOUND):
                 await asyncio.gather(*(worker.command("stop", force=True) for worker in running))
                 await asyncio.gather(*(process.wait() for process in processes))
+        leaving = [
+            worker.process
+            for worker in running
+            if worker.running and worker.channel is not None and worker.channel.closed.is_set()
+        ]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FORCED_STOP_BOUND):
+                await asyncio.gather(*(process.wait() for process in leaving if process))
         for worker in running:
             if worker.running:
                 logger.error("supervisor.worker_killed %s: not stopped in time", worker.name)
