@@ -45,7 +45,6 @@ then fails the same way and reports why, as without ``--preload``.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import importlib
 import os
@@ -63,15 +62,13 @@ from .._errors import LifecycleError
 from .._internals import report
 from .._internals.interpreter import exit_without_teardown
 from .forking import MAX_PACKET
+from .worker import started_by_supervisor
 
 if TYPE_CHECKING:
     from .options import ServeOptions
 
 __all__ = ["main"]
 
-#: Signals the supervisor commands: the preload process ignores them (a terminal's Ctrl-C
-#: reaches the whole process group), and a worker forked from it unblocks them itself.
-_BLOCKED: Final = {signal.SIGINT, signal.SIGTERM}
 #: Modules a worker imports only once it needs them (its first drain), imported by the preload
 #: process instead, each when the module named beside it is loaded (None: always).
 _LAZY_MODULES: Final = (
@@ -82,19 +79,12 @@ _LAZY_MODULES: Final = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The preload process (see the module docstring); returns its exit code."""
-    parser = argparse.ArgumentParser(prog="forgezero_lifecycle.serve.preload")
-    parser.add_argument("--channel-fd", type=int, required=True)
-    parser.add_argument("--listen-fd", type=int, action="append", default=[])
-    parser.add_argument("--supervisor-pid", type=int, required=True)
-    parser.add_argument("--tally-fd", type=int, required=True)
-    args = parser.parse_args(argv)
-    signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
-    report(("interpreter",))  # what its workers' exit relies on, logged once if missing
-    from .worker import set_parent_death_signal
-
-    set_parent_death_signal(signal.SIGKILL)  # it holds no work: nothing to drain
-    if os.getppid() != args.supervisor_pid:
+    # As a worker's start, but for the signal the supervisor's end sends: SIGKILL, since it
+    # holds no work to drain (a worker forked from it unblocks the commanded signals itself).
+    args = started_by_supervisor("forgezero_lifecycle.serve.preload", argv, signal.SIGKILL)
+    if args is None or args.tally_fd is None:
         return 1
+    report(("interpreter",))  # what its workers' exit relies on, logged once if missing
     for fd in (args.channel_fd, *args.listen_fd, args.tally_fd):
         os.set_inheritable(fd, False)  # forked workers have them; what the app runs does not
     sock = socket.socket(fileno=args.channel_fd)

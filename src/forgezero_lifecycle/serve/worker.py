@@ -108,8 +108,8 @@ __all__ = [
     "RequestCounter",
     "main",
     "resident_mib",
-    "set_parent_death_signal",
     "start",
+    "started_by_supervisor",
 ]
 
 
@@ -123,7 +123,7 @@ _COMMANDED: Final = {signal.SIGINT, signal.SIGTERM}
 _STARTUP_LOOK: Final = 0.02
 
 
-def set_parent_death_signal(signum: int) -> None:
+def _set_parent_death_signal(signum: int) -> None:
     """Ask Linux to send ``signum`` when the parent dies; a no-op elsewhere."""
     if not sys.platform.startswith("linux"):
         return
@@ -580,17 +580,27 @@ class LimitWatch:
                 self._send()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The worker process (see the module docstring); returns its exit code."""
-    parser = argparse.ArgumentParser(prog="forgezero_lifecycle.serve.worker")
+def started_by_supervisor(
+    prog: str, argv: Sequence[str] | None, death_signal: int
+) -> argparse.Namespace | None:
+    """What a process the supervisor starts (a worker, a preload process) does first: read the
+    descriptors it was passed, block the signals the supervisor commands and arm
+    ``death_signal`` for the supervisor's end. None when the supervisor died before that."""
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--channel-fd", type=int, required=True)
     parser.add_argument("--listen-fd", type=int, action="append", default=[])
     parser.add_argument("--supervisor-pid", type=int, required=True)
     parser.add_argument("--tally-fd", type=int, default=None)
     args = parser.parse_args(argv)
     signal.pthread_sigmask(signal.SIG_BLOCK, _COMMANDED)
-    set_parent_death_signal(PARENT_DEATH_SIGNAL)
-    if os.getppid() != args.supervisor_pid:
+    _set_parent_death_signal(death_signal)
+    return args if os.getppid() == args.supervisor_pid else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The worker process (see the module docstring); returns its exit code."""
+    args = started_by_supervisor("forgezero_lifecycle.serve.worker", argv, PARENT_DEATH_SIGNAL)
+    if args is None:
         return 1  # the supervisor died before the parent-death signal was armed
     return start(args.channel_fd, args.listen_fd, args.tally_fd, parent=args.supervisor_pid)
 
